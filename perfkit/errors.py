@@ -1,0 +1,62 @@
+"""One exception hierarchy.
+
+`UserError` and its subclasses are mistakes in what the user wrote or asked for (a malformed
+hypothesis, an unknown probe, a bad parameter): the CLI prints them without a traceback and exits
+with status 2. Anything else that escapes is a bug and keeps its traceback.
+"""
+
+
+class PerfkitError(Exception):
+    """Base class of every error perfkit raises on purpose."""
+
+
+class UserError(PerfkitError):
+    """Something the user wrote or asked for is wrong; printed without a traceback, exit 2."""
+
+
+class RecordError(UserError):
+    """A hypothesis record is malformed. Carries where: file, line and field."""
+
+    def __init__(self, message: str, *, path: str, line: int | None = None, field: str | None = None):
+        self.path = path
+        self.line = line
+        self.field = field
+        self.message = message
+        where = path if line is None else f"{path}:{line}"
+        what = f"{field}: " if field else ""
+        super().__init__(f"{where}: {what}{message}")
+
+    def __reduce__(self):
+        return (_rebuild_record_error, (self.message, self.path, self.line, self.field))
+
+
+def _rebuild_record_error(message, path, line, field):
+    return RecordError(message, path=path, line=line, field=field)
+
+
+class ProbeExecutionError(PerfkitError):
+    """A probe notebook failed: which cell, which exception, and the traceback text.
+
+    Survives pickling (it crosses process boundaries when probes run in parallel).
+    """
+
+    def __init__(self, *, notebook: str, cell_index: int | None, ename: str, evalue: str, traceback: str = ""):
+        self.notebook = notebook
+        self.cell_index = cell_index
+        self.ename = ename
+        self.evalue = evalue
+        self.traceback = traceback
+        cell = f"cell {cell_index}" if cell_index is not None else "no cell"
+        super().__init__(f"{notebook}, {cell}: {ename}: {evalue}")
+
+    def __reduce__(self):
+        return (
+            _rebuild_probe_error,
+            (self.notebook, self.cell_index, self.ename, self.evalue, self.traceback),
+        )
+
+
+def _rebuild_probe_error(notebook, cell_index, ename, evalue, traceback):
+    return ProbeExecutionError(
+        notebook=notebook, cell_index=cell_index, ename=ename, evalue=evalue, traceback=traceback
+    )
