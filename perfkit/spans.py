@@ -1,0 +1,415 @@
+"""Spans: named, nested timings that cost nothing when profiling is off.
+
+    with span("prepare_for_verify"): ...
+    @timed("tree_build") def build(...): ...
+
+Profiling is on when ``PERFKIT_PROFILE=1`` (read once, at import), after ``set_enabled(True)``, or
+inside ``capture()``. When off, ``span`` returns one shared do-nothing context manager and
+``timed`` returns the function itself, so instrumented code pays a global lookup and nothing else.
+
+When on, every name keeps an aggregate (n, mean, p50, p99, last, total). A line is logged every
+``log_every`` calls (``PERFKIT_PROFILE_EVERY``, default 50) *and* a summary of every name is
+printed by ``flush()`` and at interpreter exit, so a function called fewer than ``log_every`` times
+still reports: the case study's profiler printed nothing after 40 calls, and a silent profiler
+looks exactly like a broken one.
+
+On CUDA (when torch has initialised CUDA), a span records a pair of CUDA events instead of reading
+the host clock, and the events are resolved later (at a log line only those already complete, at
+``flush()`` or at the end of ``capture()`` all of them), so there is no device synchronisation per
+call. Each span is also an NVTX range, so ``nsys profile`` shows the phases by name.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from perfkit.phases import PHASES, STEP, UNATTRIBUTED
+
+__all__ = [
+    "span",
+    "timed",
+    "capture",
+    "enabled",
+    "set_enabled",
+    "set_log_every",
+    "flush",
+    "stats",
+    "reset",
+    "Capture",
+    "SpanStats",
+]
+
+_PREFIX = "[perfkit-prof]"
+
+_enabled_by_env = os.environ.get("PERFKIT_PROFILE", "").strip().lower() in ("1", "true", "yes", "on")
+_forced = False  # set_enabled(True)
+_captures: list["Capture"] = []  # active capture() blocks, innermost last
+_log_every = max(1, int(os.environ.get("PERFKIT_PROFILE_EVERY", "50") or 50))
+_stream = sys.stderr  # where log lines go; tests may swap it via set_log_every(stream=...)
+
+_active = _enabled_by_env
+
+
+def _refresh() -> None:
+    global _active
+    _active = _enabled_by_env or _forced or bool(_captures)
+
+
+def enabled() -> bool:
+    """Whether spans are being recorded right now."""
+    return _active
+
+
+def set_enabled(on: bool) -> None:
+    """Turn profiling on or off from code (``PERFKIT_PROFILE`` still wins when set)."""
+    global _forced
+    _forced = bool(on)
+    _refresh()
+
+
+def set_log_every(n: int, *, stream=None) -> None:
+    """Log a line for a name every ``n`` calls; optionally send lines to ``stream``."""
+    global _log_every, _stream
+    if n < 1:
+        raise ValueError(f"log_every must be >= 1, got {n}")
+    _log_every = n
+    if stream is not None:
+        _stream = stream
+
+
+# --- aggregates ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpanStats:
+    """Aggregate of one span name, durations in seconds."""
+
+    name: str
+    n: int
+    mean: float
+    p50: float
+    p99: float
+    last: float
+    total: float
+
+    def line(self) -> str:
+        return (
+            f"{_PREFIX} {self.name}: n={self.n} mean={_fmt(self.mean)} p50={_fmt(self.p50)} "
+            f"p99={_fmt(self.p99)} last={_fmt(self.last)} total={_fmt(self.total)}"
+        )
+
+
+def _fmt(seconds: float) -> str:
+    ms = seconds * 1e3
+    if ms >= 100:
+        return f"{ms:.0f}ms"
+    if ms >= 1:
+        return f"{ms:.2f}ms"
+    return f"{ms:.3f}ms"
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolation quantile of already sorted values."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+class _Series:
+    """Every resolved duration of one name, plus events still waiting on the device."""
+
+    __slots__ = ("durations", "pending", "calls", "logged_at")
+
+    def __init__(self) -> None:
+        self.durations: list[float] = []
+        self.pending: list[tuple] = []  # (start_event, end_event, sinks)
+        self.calls = 0
+        self.logged_at = 0
+
+    def stats(self, name: str) -> SpanStats | None:
+        if not self.durations:
+            return None
+        ordered = sorted(self.durations)
+        total = sum(ordered)
+        return SpanStats(
+            name=name,
+            n=len(ordered),
+            mean=total / len(ordered),
+            p50=_quantile(ordered, 0.5),
+            p99=_quantile(ordered, 0.99),
+            last=self.durations[-1],
+            total=total,
+        )
+
+
+_series: dict[str, _Series] = {}
+
+
+def _series_for(name: str) -> _Series:
+    s = _series.get(name)
+    if s is None:
+        s = _series[name] = _Series()
+    return s
+
+
+def _resolve(series: _Series, *, wait: bool) -> None:
+    """Turn finished CUDA event pairs into durations (all of them when ``wait``)."""
+    still = []
+    for start, end, sinks in series.pending:
+        if not wait and not end.query():
+            still.append((start, end, sinks))
+            continue
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1e3
+        series.durations.append(seconds)
+        for sink in sinks:
+            sink.set(seconds)
+    series.pending = still
+
+
+def stats() -> dict[str, SpanStats]:
+    """Aggregates of every name seen so far, resolving all pending CUDA events."""
+    out = {}
+    for name in sorted(_series):
+        series = _series[name]
+        _resolve(series, wait=True)
+        st = series.stats(name)
+        if st is not None:
+            out[name] = st
+    return out
+
+
+def flush() -> dict[str, SpanStats]:
+    """Resolve pending device timings and print one summary line per name; returns the aggregates."""
+    result = stats()
+    for st in result.values():
+        print(st.line(), file=_stream, flush=True)
+    return result
+
+
+def reset() -> None:
+    """Forget every aggregate (captures in progress keep their own samples)."""
+    _series.clear()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    if _series and (_enabled_by_env or _forced):
+        try:
+            flush()
+        except Exception as exc:  # the interpreter is going away; say why, never raise here
+            print(f"{_PREFIX} summary at exit failed: {exc!r}", file=sys.stderr)
+
+
+# --- CUDA detection ------------------------------------------------------------------------------
+
+
+def _cuda():
+    """torch.cuda when CUDA timing applies (torch imported and CUDA initialised), else None."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return torch.cuda
+    except Exception:  # a broken driver means host timing, not a crash in the engine
+        return None
+    return None
+
+
+# --- the span itself -----------------------------------------------------------------------------
+
+
+class _Null:
+    """The span used while profiling is off: does nothing, shared by every call."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL = _Null()
+
+
+class _Slot:
+    """Where a span's duration lands in a capture once it is known (CUDA: later)."""
+
+    __slots__ = ("record", "key")
+
+    def __init__(self, record: dict, key: str):
+        self.record = record
+        self.key = key
+
+    def set(self, seconds: float) -> None:
+        self.record[self.key] = self.record.get(self.key, 0.0) + seconds
+
+
+class _Span:
+    __slots__ = ("name", "t0", "cuda", "start_event", "sinks")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.cuda = _cuda()
+
+    def __enter__(self):
+        self.sinks = [c._open(self.name) for c in _captures]
+        if self.cuda is not None:
+            self.cuda.nvtx.range_push(self.name)
+            self.start_event = self.cuda.Event(enable_timing=True)
+            self.start_event.record()
+        else:
+            self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        series = _series_for(self.name)
+        series.calls += 1
+        if self.cuda is not None:
+            end = self.cuda.Event(enable_timing=True)
+            end.record()
+            self.cuda.nvtx.range_pop()
+            series.pending.append((self.start_event, end, [s for s in self.sinks if s is not None]))
+        else:
+            seconds = time.perf_counter() - self.t0
+            series.durations.append(seconds)
+            for sink in self.sinks:
+                if sink is not None:
+                    sink.set(seconds)
+        for c in _captures:
+            c._close(self.name)
+        if series.calls - series.logged_at >= _log_every:
+            series.logged_at = series.calls
+            if series.pending:
+                _resolve(series, wait=False)
+            st = series.stats(self.name)
+            if st is not None:
+                print(st.line(), file=_stream, flush=True)
+        return False
+
+
+def span(name: str):
+    """Time the enclosed block under ``name`` when profiling is on; do nothing otherwise."""
+    if not _active:
+        return _NULL
+    return _Span(name)
+
+
+def timed(name: str | None = None):
+    """Decorator form of :func:`span`. When profiling is off at decoration time, returns ``fn``."""
+
+    def decorate(fn):
+        if not _active:
+            return fn
+        label = name or fn.__qualname__
+
+        def wrapper(*args, **kwargs):
+            with _Span(label):
+                return fn(*args, **kwargs)
+
+        wrapper.__wrapped__ = fn
+        wrapper.__name__ = getattr(fn, "__name__", label)
+        wrapper.__qualname__ = getattr(fn, "__qualname__", label)
+        wrapper.__doc__ = fn.__doc__
+        return wrapper
+
+    return decorate
+
+
+# --- capture -------------------------------------------------------------------------------------
+
+
+class Capture:
+    """Every span that ran inside a ``capture()`` block, with decode steps grouped.
+
+    ``samples(name)`` gives one duration per occurrence; ``steps()`` one dict per ``step`` span with
+    the step's duration, the time of each phase inside it and the unattributed remainder.
+    """
+
+    def __init__(self) -> None:
+        self._occurrences: dict[str, list[dict]] = {}
+        self._steps: list[dict] = []
+        self._step_depth = 0
+        self._closed = False
+
+    # called by spans while the capture is active
+    def _open(self, name: str):
+        record: dict = {}
+        self._occurrences.setdefault(name, []).append(record)
+        if name == STEP:
+            self._step_depth += 1
+            if self._step_depth == 1:
+                self._steps.append({"__step__": record})
+            return _Slot(record, "seconds")
+        if self._step_depth and name in PHASES:
+            return _Multi(_Slot(record, "seconds"), _Slot(self._steps[-1], name))
+        return _Slot(record, "seconds")
+
+    def _close(self, name: str) -> None:
+        if name == STEP:
+            self._step_depth -= 1
+
+    def _finish(self) -> None:
+        for series in _series.values():
+            if series.pending:
+                _resolve(series, wait=True)
+        self._closed = True
+
+    def names(self) -> list[str]:
+        return sorted(self._occurrences)
+
+    def samples(self, name: str) -> list[float]:
+        """Seconds, one per occurrence of ``name`` in the block."""
+        return [r["seconds"] for r in self._occurrences.get(name, []) if "seconds" in r]
+
+    def steps(self) -> list[dict[str, float]]:
+        """One dict per step: ``step``, each phase seen in any step (0.0 where absent), ``unattributed``."""
+        seen = [p for p in PHASES if any(p in s for s in self._steps)]
+        out = []
+        for s in self._steps:
+            total = s["__step__"].get("seconds")
+            if total is None:
+                continue
+            row = {STEP: total}
+            for p in seen:
+                row[p] = s.get(p, 0.0)
+            row[UNATTRIBUTED] = total - sum(row[p] for p in seen)
+            out.append(row)
+        return out
+
+
+class _Multi:
+    __slots__ = ("slots",)
+
+    def __init__(self, *slots):
+        self.slots = slots
+
+    def set(self, seconds: float) -> None:
+        for s in self.slots:
+            s.set(seconds)
+
+
+class capture:  # noqa: N801 - used as a context manager, reads like a function
+    """Record every span inside the block, whatever ``PERFKIT_PROFILE`` says."""
+
+    def __enter__(self) -> Capture:
+        self._cap = Capture()
+        _captures.append(self._cap)
+        _refresh()
+        return self._cap
+
+    def __exit__(self, *exc):
+        _captures.remove(self._cap)
+        _refresh()
+        self._cap._finish()
+        return False
