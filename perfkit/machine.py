@@ -1,0 +1,343 @@
+"""The machine a measurement ran on: an environment snapshot and `perfkit env`.
+
+A measured cost means little without the hardware, software and commit it came from, so every run
+stores this snapshot in its manifest. NVIDIA GPUs are read through NVML (nvidia-ml-py); a machine
+without a driver gets one line saying why, never a traceback. Peak DRAM bandwidth is derived from
+NVML's maximum memory clock and bus width (double data rate), e.g. H100 SXM: 2619 MHz x 2 x 5120
+bit / 8 = 3.35 TB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+import perfkit
+from perfkit.errors import UserError
+
+__all__ = ["snapshot", "main", "cpu_model", "gpu_names", "nvml", "peak_dram_bytes_per_s", "format_snapshot"]
+
+SNAPSHOT_FORMAT = 1
+_REPO = Path(__file__).resolve().parent.parent
+
+
+# --- CPU and memory --------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name, as the OS reports it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass  # not Linux: fall through to what the platform module knows
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _cpu() -> dict:
+    freq = None
+    try:
+        freq = psutil.cpu_freq()
+    except (OSError, NotImplementedError, FileNotFoundError):
+        freq = None  # some VMs expose no frequency at all
+    return {
+        "model": cpu_model(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "logical_cores": psutil.cpu_count(logical=True),
+        "freq_mhz": {
+            "current": round(freq.current, 1) if freq and freq.current else None,
+            "max": round(freq.max, 1) if freq and freq.max else None,
+        },
+    }
+
+
+def _memory() -> dict:
+    vm = psutil.virtual_memory()
+    return {"total_bytes": int(vm.total), "available_bytes": int(vm.available)}
+
+
+# --- software --------------------------------------------------------------------------------------
+
+
+def _git() -> dict:
+    """Commit and dirty state of the perfkit checkout, or why there is none."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=_REPO, capture_output=True, text=True, timeout=10
+        )
+        if commit.returncode != 0:
+            return {"commit": None, "dirty": None, "note": "not a git checkout"}
+        status = subprocess.run(
+            ["git", "status", "--porcelain"],
+            cwd=_REPO, capture_output=True, text=True, timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"commit": None, "dirty": None, "note": f"git unavailable: {exc}"}
+    return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
+def _torch() -> dict:
+    try:
+        import torch
+    except ImportError as exc:
+        return {"version": None, "note": f"torch not importable: {exc}"}
+    info = {
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": None,
+        "cuda_available": bool(torch.cuda.is_available()),
+        "threads": torch.get_num_threads(),
+    }
+    if info["cuda_available"]:
+        info["cudnn"] = torch.backends.cudnn.version()
+        info["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
+# --- NVIDIA GPUs through NVML ----------------------------------------------------------------------
+
+
+class nvml:  # noqa: N801 - a context manager used like a function
+    """NVML initialised for the block: ``with nvml() as nv: nv.handles`` (empty without a driver).
+
+    ``nv.note`` is None when NVML works, else one line such as "no NVIDIA driver: NVML Shared
+    Library Not Found". ``nv.module`` is pynvml, for queries.
+    """
+
+    def __enter__(self):
+        self.module = None
+        self.handles = []
+        self.note = None
+        self._initialised = False
+        try:
+            import pynvml
+        except ImportError as exc:
+            self.note = f"no NVIDIA driver: nvidia-ml-py not importable ({exc})"
+            return self
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            self.note = f"no NVIDIA driver: {exc}"
+            return self
+        self._initialised = True
+        self.module = pynvml
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        except pynvml.NVMLError as exc:
+            self.note = f"NVML could not list devices: {exc}"
+            self.handles = []
+        if not self.handles and self.note is None:
+            self.note = "NVIDIA driver present but no GPU visible"
+        return self
+
+    def query(self, fn_name: str, *args):
+        """Call ``pynvml.<fn_name>(*args)``; None when the GPU does not support the query."""
+        try:
+            value = getattr(self.module, fn_name)(*args)
+        except self.module.NVMLError:
+            return None
+        return value.decode() if isinstance(value, bytes) else value
+
+    def __exit__(self, *exc):
+        if self._initialised:
+            try:
+                self.module.nvmlShutdown()
+            except self.module.NVMLError:
+                pass  # shutting down a half-broken driver must not hide the real result
+        return False
+
+
+def peak_dram_bytes_per_s(max_mem_clock_mhz: float | None, bus_width_bits: int | None) -> float | None:
+    """Theoretical DRAM bandwidth from NVML's max memory clock and bus width (two transfers/clock)."""
+    if not max_mem_clock_mhz or not bus_width_bits:
+        return None
+    return max_mem_clock_mhz * 1e6 * 2 * bus_width_bits / 8
+
+
+def _gpu(nv: nvml, index: int, handle) -> dict:
+    m = nv.module
+    q = nv.query
+    mem = q("nvmlDeviceGetMemoryInfo", handle)
+    sm_max = q("nvmlDeviceGetMaxClockInfo", handle, m.NVML_CLOCK_SM)
+    mem_max = q("nvmlDeviceGetMaxClockInfo", handle, m.NVML_CLOCK_MEM)
+    bus = q("nvmlDeviceGetMemoryBusWidth", handle)
+    power = q("nvmlDeviceGetPowerUsage", handle)
+    limit = q("nvmlDeviceGetEnforcedPowerLimit", handle)
+    return {
+        "index": index,
+        "name": q("nvmlDeviceGetName", handle),
+        "memory_total_bytes": int(mem.total) if mem is not None else None,
+        "memory_used_bytes": int(mem.used) if mem is not None else None,
+        "sm_clock_mhz": {"current": q("nvmlDeviceGetClockInfo", handle, m.NVML_CLOCK_SM), "max": sm_max},
+        "mem_clock_mhz": {"current": q("nvmlDeviceGetClockInfo", handle, m.NVML_CLOCK_MEM), "max": mem_max},
+        "memory_bus_width_bits": bus,
+        "peak_dram_bytes_per_s": peak_dram_bytes_per_s(mem_max, bus),
+        "power_w": power / 1e3 if power is not None else None,
+        "power_limit_w": limit / 1e3 if limit is not None else None,
+        "temperature_c": q("nvmlDeviceGetTemperature", handle, m.NVML_TEMPERATURE_GPU),
+        "pcie": {
+            "gen": q("nvmlDeviceGetCurrPcieLinkGeneration", handle),
+            "width": q("nvmlDeviceGetCurrPcieLinkWidth", handle),
+            "max_gen": q("nvmlDeviceGetMaxPcieLinkGeneration", handle),
+            "max_width": q("nvmlDeviceGetMaxPcieLinkWidth", handle),
+        },
+    }
+
+
+def _nvidia() -> dict:
+    with nvml() as nv:
+        if nv.module is None:
+            return {"driver": None, "gpus": [], "gpu_note": nv.note}
+        return {
+            "driver": nv.query("nvmlSystemGetDriverVersion"),
+            "gpus": [_gpu(nv, i, h) for i, h in enumerate(nv.handles)],
+            "gpu_note": nv.note,
+        }
+
+
+def gpu_names() -> list[str]:
+    """Names of the NVIDIA GPUs NVML sees (empty without a driver)."""
+    with nvml() as nv:
+        return [nv.query("nvmlDeviceGetName", h) for h in nv.handles]
+
+
+# --- the snapshot ----------------------------------------------------------------------------------
+
+
+def snapshot(*, bandwidth: bool = True, refresh: bool = False) -> dict:
+    """Everything about this machine a result depends on, as a JSON-able dict.
+
+    ``bandwidth``: include the measured memory bandwidth (cached per machine; measured once, a few
+    seconds, when there is no cache or ``refresh``).
+    """
+    nvidia = _nvidia()
+    snap = {
+        "format": SNAPSHOT_FORMAT,
+        "taken_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "hostname": socket.gethostname(),
+        "os": {"system": platform.system(), "release": platform.release(), "platform": platform.platform()},
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+            "executable": sys.executable,
+        },
+        "perfkit": {"version": perfkit.__version__, "git": _git()},
+        "torch": _torch(),
+        "cpu": _cpu(),
+        "memory": _memory(),
+        "nvidia_driver": nvidia["driver"],
+        "gpus": nvidia["gpus"],
+        "gpu_note": nvidia["gpu_note"],
+    }
+    if bandwidth:
+        from perfkit import bandwidth as bw
+
+        snap["bandwidth"] = bw.measured(refresh=refresh).to_dict()
+    return snap
+
+
+# --- `perfkit env` ---------------------------------------------------------------------------------
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def _or(value, unit: str = "") -> str:
+    return "?" if value is None else f"{value}{unit}"
+
+
+def format_snapshot(snap: dict) -> str:
+    """The snapshot as the aligned text `perfkit env` prints."""
+    lines = []
+
+    def row(key: str, text: str) -> None:
+        lines.append(f"{key:<10} {text}")
+
+    git = snap["perfkit"]["git"]
+    if git.get("commit"):
+        where = f"git {git['commit'][:12]}{', dirty' if git['dirty'] else ''}"
+    else:
+        where = git.get("note", "no git")
+    row("perfkit", f"{snap['perfkit']['version']} ({where})")
+    py = snap["python"]
+    row("python", f"{py['version']} ({py['implementation']}) {py['executable']}")
+    row("os", snap["os"]["platform"])
+    t = snap["torch"]
+    if t.get("version"):
+        cuda = f"CUDA {t['cuda']}" if t.get("cuda") else "no CUDA build"
+        if t.get("cudnn"):
+            cuda += f", cuDNN {t['cudnn']}"
+        if t.get("cuda") and not t.get("cuda_available"):
+            cuda += ", no device"
+        row("torch", f"{t['version']} ({cuda}; {t['threads']} threads)")
+    else:
+        row("torch", t.get("note", "absent"))
+    c = snap["cpu"]
+    f = c["freq_mhz"]
+    freq = f"{f['current'] / 1e3:.2f} GHz" if f["current"] else "freq ?"
+    if f["max"]:
+        freq += f" (max {f['max'] / 1e3:.2f} GHz)"
+    row("cpu", f"{c['model']}, {c['physical_cores']} cores / {c['logical_cores']} threads, {freq}")
+    m = snap["memory"]
+    row("memory", f"{_gib(m['total_bytes'])} total, {_gib(m['available_bytes'])} available")
+    if not snap["gpus"]:
+        row("gpu", snap["gpu_note"] or "none")
+    for g in snap["gpus"]:
+        peak = g["peak_dram_bytes_per_s"]
+        pcie = g["pcie"]
+        row(
+            f"gpu {g['index']}",
+            f"{g['name']} (driver {_or(snap['nvidia_driver'])}), memory {_gib(g['memory_used_bytes'])} used"
+            f" / {_gib(g['memory_total_bytes'])}",
+        )
+        row(
+            "",
+            f"SM {_or(g['sm_clock_mhz']['current'])}/{_or(g['sm_clock_mhz']['max'])} MHz, memory "
+            f"{_or(g['mem_clock_mhz']['current'])}/{_or(g['mem_clock_mhz']['max'])} MHz x "
+            f"{_or(g['memory_bus_width_bits'])} bit = peak "
+            + ("?" if peak is None else f"{peak / 1e12:.2f} TB/s"),
+        )
+        row(
+            "",
+            f"power {_or(g['power_w'])} W of {_or(g['power_limit_w'])} W, {_or(g['temperature_c'])} C, PCIe gen "
+            f"{_or(pcie['gen'])} x{_or(pcie['width'])} (max gen {_or(pcie['max_gen'])} x{_or(pcie['max_width'])})",
+        )
+    if "bandwidth" in snap:
+        from perfkit import bandwidth as bw
+
+        for i, text in enumerate(bw.describe(snap["bandwidth"])):
+            row("bandwidth" if i == 0 else "", text)
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """`perfkit env [--json] [--refresh] [--no-bandwidth]`: print this machine's snapshot."""
+    parser = argparse.ArgumentParser(prog="perfkit env", description="Show the environment snapshot.")
+    parser.add_argument("--json", action="store_true", help="print the snapshot as JSON")
+    parser.add_argument("--refresh", action="store_true", help="remeasure the memory bandwidth")
+    parser.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth figure")
+    args = parser.parse_args(argv)
+    if args.refresh and args.no_bandwidth:
+        raise UserError("--refresh remeasures the bandwidth; it cannot go with --no-bandwidth")
+    snap = snapshot(bandwidth=not args.no_bandwidth, refresh=args.refresh)
+    if args.json:
+        print(json.dumps(snap, indent=2, sort_keys=True))
+    else:
+        print(format_snapshot(snap))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

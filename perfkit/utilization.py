@@ -1,0 +1,298 @@
+"""What the machine was doing while a probe ran: a background sampler and its plot.
+
+A step time is easier to believe next to the CPU and GPU load it ran under (another job on the
+cores, a GPU at 30% utilisation, clocks dropping under a power cap). The sampler is a daemon thread
+that wakes every ``interval_s`` and reads, for the process tree it watches (the runner and the
+notebook kernels it starts), CPU utilisation (% of one core, summed) and resident memory, plus the
+system-wide CPU load, and per NVIDIA GPU through NVML: utilisation, memory used, SM and memory
+clocks and power. It measures its own CPU time, so its overhead is a number in every trace.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from perfkit.machine import nvml
+
+__all__ = ["Sampler", "plot_trace", "TRACE_FORMAT"]
+
+TRACE_FORMAT = 1
+
+
+class _Tree:
+    """CPU time and RSS of a process and its descendants, as deltas between two reads.
+
+    Listing descendants scans every process on the machine, so it is redone only every
+    ``rescan_s``; the known members are read on every sample.
+    """
+
+    def __init__(self, pid: int, *, rescan_s: float = 1.0):
+        self.root = psutil.Process(pid)
+        self.rescan_s = rescan_s
+        self.procs: dict[int, psutil.Process] = {}
+        self.cpu_s: dict[int, float] = {}
+        self.last_t: float | None = None
+        self.scanned_at = float("-inf")
+
+    def _members(self, now: float) -> list[psutil.Process]:
+        if now - self.scanned_at >= self.rescan_s:
+            self.scanned_at = now
+            try:
+                found = [self.root] + self.root.children(recursive=True)
+            except psutil.NoSuchProcess:
+                found = []
+            for p in found:
+                self.procs.setdefault(p.pid, p)  # keep one Process per pid (it remembers create_time)
+            self.procs = {p.pid: self.procs[p.pid] for p in found}
+        return list(self.procs.values())
+
+    def read(self) -> tuple[float, float | None, int, int]:
+        """(when, CPU % since the previous read or None on the first, RSS bytes, process count)."""
+        busy = 0.0
+        rss = 0
+        seen: dict[int, float] = {}
+        for p in self._members(time.time()):
+            try:
+                with p.oneshot():
+                    t = p.cpu_times()
+                    mem = p.memory_info().rss
+                    created = p.create_time()
+            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+                continue  # exited between listing and reading: its last interval is lost, not faked
+            total = t.user + t.system
+            seen[p.pid] = total
+            rss += mem
+            if p.pid in self.cpu_s:
+                busy += max(0.0, total - self.cpu_s[p.pid])
+            elif self.last_t is not None and created >= self.last_t:
+                busy += total  # born during the interval: all its CPU time belongs to it
+        now = time.time()  # when the counters were read (the thread may have waited for the GIL)
+        percent = None if self.last_t is None else 100.0 * busy / max(now - self.last_t, 1e-9)
+        self.cpu_s = seen
+        self.last_t = now
+        return now, percent, rss, len(seen)
+
+
+class _MachineCpu:
+    """Whole-machine CPU load (% of all cores) between two reads, from the kernel's counters."""
+
+    def __init__(self):
+        self.last = None
+
+    def read(self) -> float | None:
+        now = psutil.cpu_times()
+        if self.last is None:
+            self.last = now
+            return None
+        idle = lambda t: t.idle + getattr(t, "iowait", 0.0)  # noqa: E731
+        total = sum(now) - sum(self.last)
+        busy = total - (idle(now) - idle(self.last))
+        self.last = now
+        return 0.0 if total <= 0 else max(0.0, 100.0 * busy / total)
+
+
+class Sampler:
+    """Samples utilisation in a background thread between ``start()`` and ``stop()``.
+
+    ``stop()`` returns the trace: a JSON-able dict with epoch-second timestamps ``t`` and one list
+    per series, the GPUs' series under ``gpus``, and the sampler's own cost under ``overhead``.
+    """
+
+    def __init__(self, interval_s: float = 0.25, *, pid: int | None = None):
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.interval_s = float(interval_s)
+        self.pid = os.getpid() if pid is None else pid
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._trace: dict | None = None
+        self._error: BaseException | None = None
+
+    # -- lifecycle --
+
+    def start(self) -> "Sampler":
+        if self._thread is not None:
+            raise RuntimeError("Sampler.start() called twice; use a new Sampler per probe execution")
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="perfkit-utilization", daemon=True)
+        self._thread.start()
+        self._ready.wait()  # the first sample exists before the probe starts
+        return self
+
+    def stop(self) -> dict:
+        if self._thread is None:
+            raise RuntimeError("Sampler.stop() without start()")
+        self._stop.set()
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError(f"utilization sampler failed: {self._error!r}") from self._error
+        return self._trace
+
+    def __enter__(self) -> "Sampler":
+        return self.start()
+
+    def __exit__(self, *exc) -> bool:
+        self.trace = self.stop()
+        return False
+
+    # -- the thread --
+
+    def _run(self) -> None:
+        cpu0 = time.thread_time()
+        wall0 = time.perf_counter()
+        trace: dict = {
+            "format": TRACE_FORMAT,
+            "interval_s": self.interval_s,
+            "pid": self.pid,
+            "t": [],
+            "cpu_percent": [],
+            "system_cpu_percent": [],
+            "rss_bytes": [],
+            "processes": [],
+            "logical_cores": psutil.cpu_count(logical=True),
+            "gpus": [],
+            "gpu_note": None,
+        }
+        try:
+            tree = _Tree(self.pid)
+            machine = _MachineCpu()
+            with nvml() as nv:
+                trace["gpu_note"] = nv.note
+                gpus = [self._gpu_series(nv, i, h) for i, h in enumerate(nv.handles)]
+                trace["gpus"] = [g for g, _ in gpus]
+
+                def sample() -> None:
+                    now, cpu, rss, count = tree.read()
+                    trace["t"].append(now)
+                    sys_cpu = machine.read()
+                    trace["cpu_percent"].append(None if cpu is None else round(cpu, 2))
+                    trace["system_cpu_percent"].append(None if sys_cpu is None else round(sys_cpu, 2))
+                    trace["rss_bytes"].append(rss)
+                    trace["processes"].append(count)
+                    for series, handle in gpus:
+                        self._gpu_sample(nv, handle, series)
+
+                sample()
+                self._ready.set()
+                while not self._stop.wait(self.interval_s):
+                    sample()
+                sample()  # at stop: even a probe shorter than interval_s gets a start and an end
+        except BaseException as exc:  # surfaced by stop(); a dead sampler must not look like an idle machine
+            self._error = exc
+        finally:
+            wall = time.perf_counter() - wall0
+            cpu_s = time.thread_time() - cpu0
+            trace["overhead"] = {
+                "samples": len(trace["t"]),
+                "sampler_cpu_s": round(cpu_s, 6),
+                "wall_s": round(wall, 6),
+                "cpu_s_per_s": round(cpu_s / wall, 6) if wall > 0 else None,
+                "cpu_s_per_sample": round(cpu_s / len(trace["t"]), 6) if trace["t"] else None,
+            }
+            self._trace = trace
+            self._ready.set()
+
+    @staticmethod
+    def _gpu_series(nv, index: int, handle) -> tuple[dict, object]:
+        series = {
+            "index": index,
+            "name": nv.query("nvmlDeviceGetName", handle),
+            "util_percent": [],
+            "mem_util_percent": [],
+            "memory_used_bytes": [],
+            "sm_clock_mhz": [],
+            "mem_clock_mhz": [],
+            "power_w": [],
+        }
+        return series, handle
+
+    @staticmethod
+    def _gpu_sample(nv, handle, series: dict) -> None:
+        m = nv.module
+        util = nv.query("nvmlDeviceGetUtilizationRates", handle)
+        mem = nv.query("nvmlDeviceGetMemoryInfo", handle)
+        power = nv.query("nvmlDeviceGetPowerUsage", handle)
+        series["util_percent"].append(None if util is None else util.gpu)
+        series["mem_util_percent"].append(None if util is None else util.memory)
+        series["memory_used_bytes"].append(None if mem is None else int(mem.used))
+        series["sm_clock_mhz"].append(nv.query("nvmlDeviceGetClockInfo", handle, m.NVML_CLOCK_SM))
+        series["mem_clock_mhz"].append(nv.query("nvmlDeviceGetClockInfo", handle, m.NVML_CLOCK_MEM))
+        series["power_w"].append(None if power is None else power / 1e3)
+
+
+# --- the plot --------------------------------------------------------------------------------------
+
+
+def _none_to_nan(values: list) -> list[float]:
+    return [float("nan") if v is None else float(v) for v in values]
+
+
+def plot_trace(trace: dict, path, *, intervals: list[tuple[str, float, float]]) -> Path:
+    """Draw the trace on a time axis (seconds from its first sample) with ``intervals`` shaded.
+
+    ``intervals``: (label, t0, t1) in epoch seconds, e.g. each notebook cell or span. Writes a PNG at
+    ``path`` (atomically) and returns it.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from perfkit.paths import write_atomic
+
+    ts = trace["t"]
+    starts = [t for _, t, _ in intervals]
+    origin = min(ts[:1] + starts) if (ts or starts) else 0.0
+    x = [t - origin for t in ts]
+    gpus = trace.get("gpus", [])
+    rows = 2 + (3 if gpus else 0)
+    fig = Figure(figsize=(9, 1.6 * rows + 0.6), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
+
+    ax = axes[0]
+    ax.plot(x, _none_to_nan(trace["cpu_percent"]), label="process tree (100% = one core)", color="C0")
+    ax.plot(x, _none_to_nan(trace["system_cpu_percent"]), label="whole machine (% of all cores)",
+            color="C7", lw=0.8)
+    ax.set_ylabel("CPU %")
+    ax.legend(loc="upper right", fontsize=7)
+    ax = axes[1]
+    ax.plot(x, [r / 2**20 for r in trace["rss_bytes"]], color="C1")
+    ax.set_ylabel("RSS MiB")
+    if gpus:
+        for g in gpus:
+            label = f"gpu {g['index']}"
+            axes[2].plot(x, _none_to_nan(g["util_percent"]), label=label)
+            axes[3].plot(x, [v / 2**30 for v in _none_to_nan(g["memory_used_bytes"])], label=label)
+            axes[4].plot(x, _none_to_nan(g["power_w"]), label=label)
+        axes[2].set_ylabel("GPU util %")
+        axes[3].set_ylabel("GPU mem GiB")
+        axes[4].set_ylabel("power W")
+        axes[2].legend(loc="upper right", fontsize=7)
+
+    span_total = max(x[-1:] + [t1 - origin for _, _, t1 in intervals] + [1e-9])
+    for i, (label, t0, t1) in enumerate(intervals):
+        for a in axes:
+            a.axvspan(t0 - origin, t1 - origin, color=f"C{i % 10}", alpha=0.12, lw=0)
+        if (t1 - t0) >= 0.04 * span_total:  # label only what is wide enough to read
+            axes[0].text((t0 + t1) / 2 - origin, 1.02, label, transform=axes[0].get_xaxis_transform(),
+                         ha="center", va="bottom", fontsize=7, clip_on=False)
+    gpu_note = "" if gpus else f"  ({trace.get('gpu_note') or 'no GPU'})"
+    ov = trace.get("overhead", {})
+    cost = ov.get("cpu_s_per_s")
+    fig.suptitle(
+        f"utilization every {trace['interval_s']} s{gpu_note}"
+        + ("" if cost is None else f"; sampler cost {cost * 100:.2f}% of a core"),
+        fontsize=9,
+    )
+    axes[-1].set_xlabel("seconds")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    path = Path(path)
+    write_atomic(path, buf.getvalue())
+    return path
