@@ -100,14 +100,18 @@ class _MachineCpu:
 class Sampler:
     """Samples utilisation in a background thread between ``start()`` and ``stop()``.
 
+    ``pid``: root of the watched process tree (default: this process); ``rescan_s``: how often new
+    child processes are looked for.
+
     ``stop()`` returns the trace: a JSON-able dict with epoch-second timestamps ``t`` and one list
     per series, the GPUs' series under ``gpus``, and the sampler's own cost under ``overhead``.
     """
 
-    def __init__(self, interval_s: float = 0.25, *, pid: int | None = None):
+    def __init__(self, interval_s: float = 0.25, *, pid: int | None = None, rescan_s: float = 1.0):
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         self.interval_s = float(interval_s)
+        self.rescan_s = float(rescan_s)
         self.pid = os.getpid() if pid is None else pid
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -160,7 +164,7 @@ class Sampler:
             "gpu_note": None,
         }
         try:
-            tree = _Tree(self.pid)
+            tree = _Tree(self.pid, rescan_s=self.rescan_s)
             machine = _MachineCpu()
             with nvml() as nv:
                 trace["gpu_note"] = nv.note

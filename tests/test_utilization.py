@@ -1,0 +1,129 @@
+"""The utilization sampler: what it records, what it costs, and its plot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+import fake_nvml
+from perfkit import utilization
+from perfkit.utilization import Sampler, plot_trace
+
+
+def _burn(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_sampler_sees_this_process_working_then_idle():
+    s = Sampler(0.05).start()
+    t0 = time.time()
+    _burn(0.5)
+    t1 = time.time()
+    time.sleep(0.4)
+    trace = s.stop()
+    json.dumps(trace)  # JSON-able as stored in the run
+    t = trace["t"]
+    assert len(t) >= 6 and t == sorted(t)
+    assert trace["cpu_percent"][0] is None  # no interval before the first sample
+    busy = [c for ts, c in zip(t, trace["cpu_percent"]) if c is not None and t0 + 0.1 < ts <= t1]
+    idle = [c for ts, c in zip(t, trace["cpu_percent"]) if c is not None and ts > t1 + 0.15]
+    assert busy and idle
+    assert max(busy) > 40  # a busy loop is most of a core even on a shared machine
+    assert max(idle) < 30
+    assert all(r > 10 * 2**20 for r in trace["rss_bytes"])
+    assert trace["gpus"] == [] or trace["gpu_note"] is None
+
+
+def test_sampler_follows_child_processes():
+    s = Sampler(0.05, rescan_s=0.05).start()
+    code = "import time\nend = time.perf_counter() + 0.6\nwhile time.perf_counter() < end: pass\n"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    trace = s.stop()
+    assert max(trace["processes"]) >= 2
+    assert trace["processes"][-1] == 1  # the child is gone at the end
+
+
+def test_sampler_reports_its_own_cost():
+    s = Sampler(0.02).start()
+    time.sleep(0.3)
+    trace = s.stop()
+    ov = trace["overhead"]
+    assert ov["samples"] == len(trace["t"]) >= 5
+    assert 0 < ov["sampler_cpu_s"] < ov["wall_s"]
+    assert ov["cpu_s_per_s"] == pytest.approx(ov["sampler_cpu_s"] / ov["wall_s"], rel=1e-3)
+    assert ov["cpu_s_per_s"] < 0.25  # even at 50 Hz it must stay far below a core
+
+
+def test_a_short_probe_still_gets_a_start_and_an_end_sample():
+    s = Sampler(10.0).start()
+    trace = s.stop()
+    assert len(trace["t"]) == 2
+
+
+def test_a_failed_sampler_raises_instead_of_looking_idle():
+    s = Sampler(0.05, pid=2**22 + 12345).start()  # no such process
+    with pytest.raises(RuntimeError, match="utilization sampler failed"):
+        s.stop()
+
+
+def test_misuse_is_reported():
+    with pytest.raises(RuntimeError, match="without start"):
+        Sampler().stop()
+    s = Sampler(0.05).start()
+    with pytest.raises(RuntimeError, match="twice"):
+        s.start()
+    s.stop()
+    with pytest.raises(ValueError):
+        Sampler(0)
+
+
+def test_gpu_series_come_from_nvml(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml.make(unsupported=("nvmlDeviceGetPowerUsage",)))
+    s = Sampler(0.02).start()
+    time.sleep(0.1)
+    trace = s.stop()
+    (g,) = trace["gpus"]
+    n = len(trace["t"])
+    assert g["name"] == "NVIDIA H100 80GB HBM3"
+    assert g["util_percent"] == [87] * n
+    assert g["mem_util_percent"] == [55] * n
+    assert g["memory_used_bytes"] == [1_048_576_000] * n
+    assert g["sm_clock_mhz"] == [1980] * n and g["mem_clock_mhz"] == [2619] * n
+    assert g["power_w"] == [None] * n  # not supported on this GPU: recorded as missing, not zero
+    assert trace["gpu_note"] is None
+
+
+def _png(path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_trace_draws_cells_on_the_same_time_axis(tmp_path):
+    s = Sampler(0.05).start()
+    t0 = time.time()
+    _burn(0.2)
+    t1 = time.time()
+    time.sleep(0.1)
+    trace = s.stop()
+    out = plot_trace(trace, tmp_path / "util.png", intervals=[("cell 1", t0, t1), ("cell 2", t1, time.time())])
+    assert out == tmp_path / "util.png" and _png(out)
+
+
+def test_plot_trace_with_gpus_and_no_intervals(tmp_path):
+    n = 4
+    trace = {
+        "format": utilization.TRACE_FORMAT, "interval_s": 0.25, "t": [100.0 + i / 4 for i in range(n)],
+        "cpu_percent": [None, 50.0, 60.0, 10.0], "system_cpu_percent": [None, 30.0, 35.0, 5.0],
+        "rss_bytes": [2**30] * n, "processes": [2] * n, "gpu_note": None,
+        "gpus": [{"index": 0, "name": "GPU", "util_percent": [0, 90, None, 10], "mem_util_percent": [0] * n,
+                  "memory_used_bytes": [2**33] * n, "sm_clock_mhz": [1980] * n, "mem_clock_mhz": [2619] * n,
+                  "power_w": [100.0, 600.0, 650.0, 120.0]}],
+        "overhead": {"cpu_s_per_s": 0.004},
+    }
+    out = plot_trace(trace, tmp_path / "sub" / "gpu.png", intervals=[])
+    assert _png(out)
