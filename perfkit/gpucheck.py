@@ -1,0 +1,399 @@
+"""`perfkit gpu-check`: does timing on this NVIDIA GPU tell the truth? One command, under 5 minutes.
+
+It takes the NVML snapshot and the measured device bandwidth, times a few kernels three ways
+(CUDA events; host clock without synchronisation, which only sees the launch; host clock with a
+synchronisation per call, which adds the launch-queue drain to every call), checks that perfkit
+spans time with CUDA events and appear as NVTX ranges (what `nsys profile` shows), that
+torch.profiler records device kernels, and runs the bundled engine on CUDA with profiling on. It
+writes ``report.md`` and ``report.json``.
+
+Without a CUDA device nothing can be checked: it says why in one line and exits 2 (a UserError),
+writing no report, so a script never mistakes "nothing measured" for "checked and fine". A section
+that fails is recorded with its error, the other sections still run, and the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from perfkit.errors import UserError
+
+__all__ = ["main", "run", "cuda_unavailable", "time_three_ways", "nvtx_check", "findings", "render_markdown"]
+
+REPORT_FORMAT = 1
+DEADLINE_S = 280.0  # the whole check stays under 5 minutes
+
+
+def cuda_unavailable() -> str | None:
+    """None when torch can use a CUDA device here, else why not (one line)."""
+    import torch
+
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build (see environment.yml for a CUDA build)"
+    if not torch.cuda.is_available():
+        from perfkit.machine import nvml
+
+        with nvml() as nv:
+            why = nv.note or "NVML sees a GPU but CUDA cannot use it"
+        return f"torch {torch.__version__} has CUDA {torch.version.cuda} but no device is usable: {why}"
+    return None
+
+
+# --- timing three ways -----------------------------------------------------------------------------
+
+
+def time_three_ways(torch, fn, *, calls: int = 50, warmup: int = 5) -> dict:
+    """Milliseconds per call of ``fn`` by CUDA events, host clock without sync, host clock with sync."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    events_ms = start.elapsed_time(end) / calls
+
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    nosync_ms = (time.perf_counter() - t0) * 1e3 / calls  # launches only: the kernels are still queued
+    torch.cuda.synchronize()
+
+    per_call = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        per_call.append((time.perf_counter() - t0) * 1e3)
+    return {
+        "calls": calls,
+        "events_ms": events_ms,
+        "wall_nosync_ms": nosync_ms,
+        "wall_sync_ms": sum(per_call) / calls,
+        "wall_sync_min_ms": min(per_call),
+    }
+
+
+def kernel_timings(torch) -> list[dict]:
+    """A compute-bound matmul, a bandwidth-bound add and a launch-bound tiny add, timed three ways."""
+    dev = torch.device("cuda")
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    big_x = torch.randn(64 * 2**20, device=dev)
+    big_y = torch.randn(64 * 2**20, device=dev)
+    tiny = torch.randn(256, device=dev)
+    cases = [
+        ("matmul 8192^2 bf16", lambda: a @ b, 2 * 8192**3, 3 * 8192 * 8192 * 2),
+        ("add 64M fp32", lambda: big_x + big_y, 64 * 2**20, 3 * 64 * 2**20 * 4),
+        ("add 256 fp32 (launch-bound)", lambda: tiny + tiny, 256, 3 * 256 * 4),
+    ]
+    rows = []
+    for name, fn, flops, nbytes in cases:
+        t = time_three_ways(torch, fn)
+        t.update(kernel=name, tflops=flops / (t["events_ms"] * 1e-3) / 1e12, gbps=nbytes / (t["events_ms"] * 1e-3) / 1e9)
+        rows.append(t)
+    return rows
+
+
+def span_check(torch) -> dict:
+    """A perfkit span around an 8192^2 matmul vs the three clocks: spans must see device time."""
+    from perfkit import spans
+
+    dev = torch.device("cuda")
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    ref = time_three_ways(torch, lambda: a @ a, calls=20)
+    with spans.capture() as cap:
+        for _ in range(20):
+            with spans.span("gpu_check_matmul"):
+                a @ a
+    samples = cap.samples("gpu_check_matmul")
+    mean_ms = sum(samples) / len(samples) * 1e3 if samples else float("nan")
+    return {
+        "span_mean_ms": mean_ms,
+        "span_samples": len(samples),
+        "events_ms": ref["events_ms"],
+        "wall_nosync_ms": ref["wall_nosync_ms"],
+        "span_vs_events": mean_ms / ref["events_ms"],
+    }
+
+
+# --- NVTX ------------------------------------------------------------------------------------------
+
+
+def nvtx_check(cuda, *, work=None) -> dict:
+    """Run nested spans with ``cuda`` (torch.cuda) present and count the NVTX ranges they push/pop.
+
+    ``work``: what runs inside the spans (default: a one-element CUDA add).
+    """
+    from perfkit import spans
+
+    if not cuda.is_available():
+        return {"ok": False, "pushed": [], "popped": 0,
+                "note": "CUDA absent: spans time with the host clock and emit no NVTX ranges"}
+    cuda.init()  # spans switch to CUDA events and NVTX once CUDA is initialised
+    if work is None:
+        import torch
+
+        work = lambda: torch.ones(1, device="cuda").add_(1)  # noqa: E731
+    nvtx = cuda.nvtx
+    pushed: list[str] = []
+    popped = [0]
+    real_push, real_pop = nvtx.range_push, nvtx.range_pop
+
+    def push(msg):
+        pushed.append(msg)
+        return real_push(msg)  # the real call: NVTX must also be callable
+
+    def pop():
+        popped[0] += 1
+        return real_pop()
+
+    nvtx.range_push, nvtx.range_pop = push, pop
+    try:
+        with spans.capture():
+            with spans.span("draft"):
+                with spans.span("tree_build"):
+                    work()
+    finally:
+        nvtx.range_push, nvtx.range_pop = real_push, real_pop
+    ok = pushed == ["draft", "tree_build"] and popped[0] == 2
+    return {
+        "ok": ok,
+        "pushed": pushed,
+        "popped": popped[0],
+        "note": "spans emit NVTX ranges: `nsys profile -t cuda,nvtx` shows the phases by name"
+        if ok else f"spans did not emit the expected NVTX ranges (pushed {pushed}, popped {popped[0]})",
+    }
+
+
+# --- torch.profiler on CUDA ------------------------------------------------------------------------
+
+
+def profiler_check(torch, out_dir: Path) -> dict:
+    from perfkit import profiler
+
+    a = torch.randn(2048, 2048, device="cuda")
+    trace = out_dir / "profiler-check.trace.json"
+    profiler.start(str(trace))
+    for _ in range(5):
+        a @ a
+    torch.cuda.synchronize()
+    profiler.stop(limit=5)
+    top = json.loads(trace.with_name(trace.name + ".top.json").read_text())["operators"]
+    device_us = sum(r["self_device_us"] for r in top)
+    return {"ok": device_us > 0, "trace": trace.name, "top": top[:5], "device_us": device_us}
+
+
+# --- the engine on CUDA ----------------------------------------------------------------------------
+
+
+def engine_runs(timeout_s: float) -> list[dict]:
+    """`perfkit engine bench` on CUDA (spec and AR), profiling on, in a child process with a timeout."""
+    runs = []
+    for mode in ("spec", "ar"):
+        cmd = [sys.executable, "-c", "import sys; from perfkit.cli import main; sys.exit(main(sys.argv[1:]))",
+               "engine", "bench", "--ctx", "4096", "--gen", "64", "--mode", mode, "--device", "cuda", "--json"]
+        env = dict(os.environ, PERFKIT_PROFILE="1")
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        except subprocess.TimeoutExpired:
+            runs.append({"mode": mode, "ok": False, "error": f"timed out after {timeout_s:.0f} s"})
+            continue
+        result = None
+        for line in reversed(proc.stdout.splitlines()):
+            if line.strip().startswith("{"):
+                try:
+                    result = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                break
+        runs.append({
+            "mode": mode,
+            "ok": proc.returncode == 0,
+            "returncode": proc.returncode,
+            "wall_s": round(time.perf_counter() - t0, 2),
+            "result": result,
+            "stdout_tail": proc.stdout[-3000:] if result is None else "",
+            "profile_lines": [ln for ln in proc.stderr.splitlines() if ln.startswith("[perfkit-prof]")][-20:],
+            "stderr_tail": proc.stderr[-2000:] if proc.returncode != 0 else "",
+        })
+    return runs
+
+
+# --- findings and the report -----------------------------------------------------------------------
+
+
+def findings(report: dict) -> list[str]:
+    """What the measurements say, in sentences (pure: computed from the report dict)."""
+    out = []
+    for k in report.get("kernels", {}).get("value", []) or []:
+        ev, nosync, sync = k["events_ms"], k["wall_nosync_ms"], k["wall_sync_ms"]
+        if nosync < 0.5 * ev:
+            out.append(f"{k['kernel']}: host clock without sync says {nosync:.4g} ms, {ev / nosync:.1f}x below the "
+                       f"kernel's {ev:.4g} ms (it times the launch, not the work)")
+        if sync > 1.5 * ev:
+            out.append(f"{k['kernel']}: a sync per call says {sync:.4g} ms, {sync / ev:.1f}x the kernel's {ev:.4g} ms "
+                       f"(launch + sync latency dominates)")
+    sp = report.get("spans", {}).get("value")
+    if sp:
+        verdict = "agree with" if 0.8 <= sp["span_vs_events"] <= 1.25 else "DISAGREE with"
+        out.append(f"perfkit spans {verdict} CUDA events: {sp['span_mean_ms']:.4g} ms vs {sp['events_ms']:.4g} ms "
+                   f"(host clock without sync: {sp['wall_nosync_ms']:.4g} ms)")
+    bw = report.get("bandwidth", {}).get("value")
+    if bw and bw.get("peak_bytes_per_s"):
+        out.append(f"measured device triad {bw['triad_bytes_per_s'] / 1e12:.3g} TB/s = "
+                   f"{100 * bw['triad_bytes_per_s'] / bw['peak_bytes_per_s']:.0f}% of the NVML-derived peak "
+                   f"{bw['peak_bytes_per_s'] / 1e12:.3g} TB/s")
+    nv = report.get("nvtx", {}).get("value")
+    if nv:
+        out.append(nv["note"])
+    failed = [name for name, sec in report.items() if isinstance(sec, dict) and "error" in sec]
+    if failed:
+        out.append(f"FAILED sections: {', '.join(failed)} (see their errors below)")
+    return out
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def render_markdown(report: dict) -> str:
+    """The report as short markdown: findings first, then each section's figures."""
+    lines = [f"# perfkit gpu-check ({report['meta']['started_at']})", ""]
+    gpus = report.get("environment", {}).get("value", {}).get("gpus", [])
+    for g in gpus:
+        lines.append(f"- GPU {g['index']}: {g['name']}, driver {report['environment']['value'].get('nvidia_driver')}, "
+                     f"{_fmt((g.get('memory_total_bytes') or 0) / 2**30)} GiB, peak DRAM "
+                     f"{_fmt((g.get('peak_dram_bytes_per_s') or 0) / 1e12)} TB/s")
+    lines += ["", "## Findings", ""] + [f"- {f}" for f in findings(report)] + [""]
+    kern = report.get("kernels", {}).get("value")
+    if kern:
+        lines += ["## Kernel timing three ways (ms per call)", "",
+                  "| kernel | CUDA events | wall, no sync | wall, sync each call | TFLOP/s | GB/s |",
+                  "|---|---|---|---|---|---|"]
+        for k in kern:
+            lines.append(f"| {k['kernel']} | {_fmt(k['events_ms'])} | {_fmt(k['wall_nosync_ms'])} | "
+                         f"{_fmt(k['wall_sync_ms'])} | {_fmt(k['tflops'])} | {_fmt(k['gbps'])} |")
+        lines.append("")
+    for name in ("bandwidth", "spans", "nvtx", "profiler", "engine"):
+        sec = report.get(name)
+        if sec is None:
+            continue
+        lines.append(f"## {name}")
+        lines.append("")
+        if "error" in sec:
+            lines += ["FAILED: " + sec["error"], "", "```", sec.get("traceback", "").rstrip(), "```", ""]
+            continue
+        lines += ["```json", json.dumps(sec["value"], indent=1, default=str)[:4000], "```", ""]
+    lines.append(f"Took {report['meta']['seconds']:.0f} s.")
+    return "\n".join(lines) + "\n"
+
+
+def _section(report: dict, name: str, fn, deadline: float) -> None:
+    if time.perf_counter() > deadline:
+        report[name] = {"error": "skipped: the 5-minute budget was spent", "traceback": ""}
+        return
+    t0 = time.perf_counter()
+    try:
+        report[name] = {"value": fn()}
+    except Exception as exc:  # noqa: BLE001 - recorded, reported, and turned into exit status 1
+        report[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+    report[name]["seconds"] = round(time.perf_counter() - t0, 2)
+
+
+def run(out_dir: Path, *, refresh_bandwidth: bool = False, engine: bool = True) -> dict:
+    """Every check, in order, into ``out_dir``; returns the report dict (also written as JSON/markdown)."""
+    reason = cuda_unavailable()
+    if reason is not None:
+        raise UserError(f"gpu-check: no CUDA device, nothing measured: {reason}")
+    import torch
+
+    from perfkit import bandwidth, machine
+    from perfkit.paths import write_atomic
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    deadline = started + DEADLINE_S
+    report: dict = {"format": REPORT_FORMAT, "meta": {
+        "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "seconds": 0.0}}
+    torch.cuda.init()
+
+    def bw():
+        m = bandwidth.measured(refresh=refresh_bandwidth)
+        dev = m.main_device()
+        snap_gpus = report["environment"].get("value", {}).get("gpus", [])
+        return {
+            "device": dev,
+            "cached": m.cached,
+            "triad_bytes_per_s": m.figure("triad", dev).mean,
+            "triad_interval": [m.figure("triad", dev).low, m.figure("triad", dev).high],
+            "copy_bytes_per_s": m.figure("copy", dev).mean,
+            "matmul_flops": m.figure("matmul", dev).mean,
+            "peak_bytes_per_s": snap_gpus[0]["peak_dram_bytes_per_s"] if snap_gpus else None,
+            "lines": bandwidth.describe(m),
+        }
+
+    _section(report, "environment", lambda: machine.snapshot(bandwidth=False), deadline)
+    _section(report, "bandwidth", bw, deadline)
+    _section(report, "kernels", lambda: kernel_timings(torch), deadline)
+    _section(report, "spans", lambda: span_check(torch), deadline)
+    _section(report, "nvtx", lambda: nvtx_check(torch.cuda), deadline)
+    _section(report, "profiler", lambda: profiler_check(torch, out_dir), deadline)
+    if engine:
+        _section(report, "engine", lambda: engine_runs(max(10.0, (deadline - time.perf_counter()) / 2)), deadline)
+    report["meta"]["seconds"] = round(time.perf_counter() - started, 1)
+    write_atomic(out_dir / "report.json", json.dumps(report, indent=1, default=str) + "\n")
+    write_atomic(out_dir / "report.md", render_markdown(report))
+    return report
+
+
+def failed_sections(report: dict) -> list[str]:
+    bad = [n for n, s in report.items() if isinstance(s, dict) and "error" in s]
+    for name in ("nvtx", "profiler"):
+        if report.get(name, {}).get("value", {}).get("ok") is False:
+            bad.append(name)
+    for r in report.get("engine", {}).get("value", []) or []:
+        if not r.get("ok"):
+            bad.append(f"engine {r['mode']}")
+    return bad
+
+
+def main(argv: list[str]) -> int:
+    """`perfkit gpu-check [--out DIR] [--refresh] [--no-engine]`."""
+    p = argparse.ArgumentParser(prog="perfkit gpu-check", description=__doc__.split("\n\n")[0])
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    p.add_argument("--out", type=Path, default=Path("runs") / f"gpu-check-{stamp}", help="report directory")
+    p.add_argument("--refresh", action="store_true", help="remeasure the bandwidth instead of using the cache")
+    p.add_argument("--no-engine", action="store_true", help="skip the engine runs")
+    a = p.parse_args(argv)
+    report = run(a.out, refresh_bandwidth=a.refresh, engine=not a.no_engine)
+    for line in findings(report):
+        print(line)
+    print(f"report: {a.out / 'report.md'} ({report['meta']['seconds']:.0f} s)")
+    bad = failed_sections(report)
+    if bad:
+        print(f"gpu-check: FAILED: {', '.join(bad)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except UserError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,176 @@
+"""gpu-check without a GPU: the refusal, the timing logic on a simulated device, NVTX, the report."""
+
+from __future__ import annotations
+
+import time
+import types
+
+import pytest
+
+from perfkit import gpucheck, spans
+from perfkit.errors import UserError
+
+
+def test_without_cuda_it_refuses_in_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "report"
+    with pytest.raises(UserError) as err:
+        gpucheck.main(["--out", str(out)])
+    message = str(err.value)
+    assert message.startswith("gpu-check: no CUDA device, nothing measured: ")
+    assert "CPU-only build" in message and "\n" not in message
+    assert not out.exists()
+
+
+class SimulatedGPU:
+    """An asynchronous device: launches return at once, kernels run back to back in device time,
+    events are stamped when the stream reaches them, synchronize waits (plus a fixed latency)."""
+
+    def __init__(self, kernel_s: float, sync_latency_s: float = 0.0):
+        self.kernel_s = kernel_s
+        self.sync_latency_s = sync_latency_s
+        self.busy_until = time.perf_counter()
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.at = None
+
+            def record(self):
+                self.at = max(time.perf_counter(), gpu.busy_until)
+
+            def elapsed_time(self, end):
+                return (end.at - self.at) * 1e3
+
+        self.cuda = types.SimpleNamespace(Event=Event, synchronize=self.synchronize)
+        self.torch = types.SimpleNamespace(cuda=self.cuda)
+
+    def launch(self):
+        self.busy_until = max(time.perf_counter(), self.busy_until) + self.kernel_s
+
+    def synchronize(self):
+        wait = self.busy_until - time.perf_counter()
+        time.sleep(max(0.0, wait) + self.sync_latency_s)
+
+
+def test_three_clocks_on_a_long_kernel_no_sync_sees_only_the_launch():
+    gpu = SimulatedGPU(kernel_s=0.004)
+    t = gpucheck.time_three_ways(gpu.torch, gpu.launch, calls=10, warmup=1)
+    assert t["events_ms"] == pytest.approx(4.0, rel=0.05)
+    assert t["wall_nosync_ms"] < 0.5  # the host only queued the work
+    assert t["wall_sync_ms"] >= 3.9
+    said = gpucheck.findings({"kernels": {"value": [dict(t, kernel="matmul")]}})
+    assert any(s.startswith("matmul: host clock without sync says") and "below the kernel's" in s for s in said)
+
+
+def test_three_clocks_on_a_tiny_kernel_sync_per_call_inflates_it():
+    gpu = SimulatedGPU(kernel_s=0.0001, sync_latency_s=0.002)
+    t = gpucheck.time_three_ways(gpu.torch, gpu.launch, calls=10, warmup=1)
+    assert t["events_ms"] == pytest.approx(0.1, rel=0.2)
+    assert t["wall_sync_ms"] > 10 * t["events_ms"]
+    said = gpucheck.findings({"kernels": {"value": [dict(t, kernel="add 256")]}})
+    assert any(s.startswith("add 256: a sync per call says") for s in said)
+
+
+def test_nvtx_check_with_cuda_absent_reports_it_and_spans_push_nothing(monkeypatch):
+    import torch
+
+    pushed = []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda msg: pushed.append(msg))
+    result = gpucheck.nvtx_check(torch.cuda)
+    assert result == {"ok": False, "pushed": [], "popped": 0,
+                      "note": "CUDA absent: spans time with the host clock and emit no NVTX ranges"}
+    with spans.capture() as cap:
+        with spans.span("draft"):
+            pass
+    assert pushed == []  # the CUDA-absent code path of spans never touches NVTX
+    assert len(cap.samples("draft")) == 1
+
+
+class _FakeCuda:
+    """torch.cuda as spans see it on a GPU machine: events and NVTX (host-clock events here)."""
+
+    def __init__(self):
+        self.log = []
+        outer = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                self.t = time.perf_counter()
+
+            def query(self):
+                return True
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return (end.t - self.t) * 1e3
+
+        self.Event = Event
+        self.nvtx = types.SimpleNamespace(range_push=lambda m: outer.log.append(("push", m)),
+                                          range_pop=lambda: outer.log.append(("pop",)))
+        self.initialised = False
+
+    def is_available(self):
+        return True
+
+    def init(self):
+        self.initialised = True
+
+
+def test_nvtx_check_counts_the_ranges_spans_emit_on_cuda(monkeypatch):
+    fake = _FakeCuda()
+    monkeypatch.setattr(spans, "_cuda", lambda: fake)
+    result = gpucheck.nvtx_check(fake, work=lambda: None)
+    assert fake.initialised
+    assert result["ok"] and result["pushed"] == ["draft", "tree_build"] and result["popped"] == 2
+    assert fake.log == [("push", "draft"), ("push", "tree_build"), ("pop",), ("pop",)]  # the real calls ran
+    assert "nsys" in result["note"]
+    assert fake.nvtx.range_push.__name__ == "<lambda>"  # restored afterwards
+
+
+def test_nvtx_check_fails_when_spans_do_not_emit(monkeypatch):
+    fake = _FakeCuda()
+    monkeypatch.setattr(spans, "_cuda", lambda: None)  # spans that ignore CUDA
+    result = gpucheck.nvtx_check(fake, work=lambda: None)
+    assert not result["ok"]
+    assert "did not emit" in result["note"]
+
+
+def _report():
+    return {
+        "format": 1,
+        "meta": {"started_at": "2025-01-01T00:00:00+00:00", "seconds": 42.0},
+        "environment": {"value": {"nvidia_driver": "550.54.15", "gpus": [
+            {"index": 0, "name": "NVIDIA H200", "memory_total_bytes": 150 * 2**30, "peak_dram_bytes_per_s": 4.8e12}]}},
+        "bandwidth": {"value": {"triad_bytes_per_s": 4.0e12, "peak_bytes_per_s": 4.8e12}},
+        "kernels": {"value": [{"kernel": "matmul 8192^2 bf16", "events_ms": 1.5, "wall_nosync_ms": 0.02,
+                               "wall_sync_ms": 1.55, "tflops": 733.0, "gbps": 268.0}]},
+        "spans": {"value": {"span_mean_ms": 1.52, "events_ms": 1.5, "wall_nosync_ms": 0.02, "span_vs_events": 1.013}},
+        "nvtx": {"value": {"ok": True, "note": "spans emit NVTX ranges: ..."}},
+        "profiler": {"error": "RuntimeError: boom", "traceback": "Traceback ...\nRuntimeError: boom"},
+        "engine": {"value": [{"mode": "spec", "ok": True}, {"mode": "ar", "ok": False}]},
+    }
+
+
+def test_findings_and_markdown_from_a_report():
+    report = _report()
+    said = gpucheck.findings(report)
+    assert "measured device triad 4 TB/s = 83% of the NVML-derived peak 4.8 TB/s" in said
+    assert any(s.startswith("perfkit spans agree with CUDA events: 1.52 ms vs 1.5 ms") for s in said)
+    assert said[-1] == "FAILED sections: profiler (see their errors below)"
+    md = gpucheck.render_markdown(report)
+    assert md.startswith("# perfkit gpu-check (2025-01-01T00:00:00+00:00)")
+    assert "- GPU 0: NVIDIA H200, driver 550.54.15, 150 GiB, peak DRAM 4.8 TB/s" in md
+    assert "| matmul 8192^2 bf16 | 1.5 | 0.02 | 1.55 | 733 | 268 |" in md
+    assert "FAILED: RuntimeError: boom" in md
+    assert gpucheck.failed_sections(report) == ["profiler", "engine ar"]
+
+
+def test_spans_that_disagree_with_events_are_called_out():
+    report = _report()
+    report["spans"]["value"].update(span_mean_ms=0.02, span_vs_events=0.013)
+    assert any(s.startswith("perfkit spans DISAGREE with CUDA events") for s in gpucheck.findings(report))
