@@ -34,6 +34,7 @@ __all__ = ["Figure", "Measurement", "measure", "measured", "fingerprint", "cache
 FORMAT = 1
 _MIB = 2**20
 _KERNELS = ("copy", "triad", "matmul")
+BUSY = 0.25  # above this share of the CPUs used by other processes, a figure is flagged
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class Measurement:
     measured_at: str
     seconds: float
     figures: tuple[Figure, ...]
+    busy: float | None = None  # share of all cores other processes used while measuring
     cached: bool = field(default=False, compare=False)
     path: str | None = field(default=None, compare=False)
 
@@ -110,6 +112,7 @@ class Measurement:
             measured_at=d["measured_at"],
             seconds=float(d["seconds"]),
             figures=figures,
+            busy=d.get("busy"),
             cached=bool(d.get("cached", False)),
             path=d.get("path"),
         )
@@ -205,12 +208,35 @@ def _matmul(torch, device: str, *, side: int, warmup: int, repeat: int) -> Figur
     return _figure("matmul", device, "FLOP/s", [2 * side**3 / s for s in secs], side)
 
 
+class _OtherWork:
+    """How much of the machine's CPU other processes used from now until ``share()``."""
+
+    def __init__(self):
+        self.me = psutil.Process()
+        self.wall = time.perf_counter()
+        self.mine = self._mine()
+        self.machine = psutil.cpu_times()
+
+    def _mine(self) -> float:
+        t = self.me.cpu_times()
+        return t.user + t.system
+
+    def share(self) -> float:
+        now = psutil.cpu_times()
+        idle = lambda t: t.idle + getattr(t, "iowait", 0.0)  # noqa: E731
+        busy = (sum(now) - sum(self.machine)) - (idle(now) - idle(self.machine))
+        elapsed = (time.perf_counter() - self.wall) * (psutil.cpu_count() or 1)
+        others = busy - (self._mine() - self.mine)
+        return round(min(1.0, max(0.0, others / elapsed)), 3) if elapsed > 0 else 0.0
+
+
 def measure(*, cpu: bool = True, cuda: bool = True, array_bytes: int | None = None,
             warmup: int = 2, repeat: int = 10) -> Measurement:
     """Measure copy, triad and matmul now on the CPU and on every CUDA device (a few seconds)."""
     import torch
 
     t0 = time.perf_counter()
+    others = _OtherWork()
     figures: list[Figure] = []
     if cpu:
         size = array_bytes or _cpu_array_bytes()
@@ -234,6 +260,7 @@ def measure(*, cpu: bool = True, cuda: bool = True, array_bytes: int | None = No
         measured_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         seconds=round(time.perf_counter() - t0, 3),
         figures=tuple(figures),
+        busy=others.share(),
     )
 
 
@@ -303,6 +330,9 @@ def describe(m: Measurement | dict) -> list[str]:
     if isinstance(m, dict):
         m = Measurement.from_dict(m)
     lines = [f.text() for f in m.figures]
+    if m.busy is not None and m.busy > BUSY:
+        lines.append(f"WARNING: other processes used {m.busy:.0%} of the CPUs while this was measured, so the "
+                     "figures may be low; rerun `perfkit env --refresh` on a quiet machine")
     if m.cached:
         lines.append(f"(cached {m.measured_at} in {m.path}; `perfkit env --refresh` remeasures)")
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -129,3 +130,28 @@ def test_cache_from_another_format_version_is_remeasured(cache, monkeypatch):
 def test_missing_figure_is_a_user_error():
     with pytest.raises(UserError, match="no triad bandwidth figure for cuda:0"):
         _fake_measurement().figure("triad", "cuda:0")
+
+
+def test_a_figure_measured_on_a_busy_machine_carries_a_warning():
+    from dataclasses import replace
+
+    m = _fake_measurement()
+    assert not any("WARNING" in line for line in bandwidth.describe(replace(m, busy=0.05)))
+    busy = bandwidth.describe(replace(m, busy=0.6))
+    assert any(line.startswith("WARNING: other processes used 60% of the CPUs") for line in busy)
+    # the warning survives the round trip through the cache format
+    assert bandwidth.Measurement.from_dict(replace(m, busy=0.6).to_dict()).busy == 0.6
+
+
+def test_measure_records_how_busy_the_machine_was():
+    import subprocess
+    import sys
+
+    code = "import time\nend = time.perf_counter() + 1.0\nwhile time.perf_counter() < end: pass\n"
+    burner = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(0.1)
+        m = bandwidth.measure(cuda=False, array_bytes=8 * MIB, warmup=1, repeat=3)
+    finally:
+        burner.wait()
+    assert m.busy is not None and m.busy > 0.15  # one busy core of this machine's cores
