@@ -1,0 +1,141 @@
+"""The `perfkit` command: validate, run, ledger, show, and the engine/env/gpu-check entry points.
+
+User mistakes (perfkit.errors.UserError) print as one message without a traceback and exit 2;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shlex
+import sys
+
+from perfkit.errors import UserError
+
+# subcommand -> module whose main(argv) handles it (written by other parts of perfkit, imported on use)
+_DELEGATED = {
+    "engine": "perfkit.engine.cli",
+    "env": "perfkit.machine",
+    "gpu-check": "perfkit.gpucheck",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="perfkit", description="Performance hypotheses, probes, verdicts and a ledger.")
+    parser.add_argument("--root", help="project directory (default: $PERFKIT_ROOT or the nearest one above cwd)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    sub.add_parser("validate", help="check every hypothesis record; exit 2 on any error; writes nothing")
+
+    run = sub.add_parser("run", help="execute probes, judge hypotheses, write results, plots and the ledger")
+    run.add_argument("ids", nargs="*", metavar="ID", help="hypotheses to run")
+    run.add_argument("--all", action="store_true", help="run every hypothesis")
+    run.add_argument("--quick", action="store_true", help="use each probe's quick parameters")
+    run.add_argument("--jobs", type=int, default=1, help="probe executions at a time (default 1)")
+    run.add_argument("--param", action="append", default=[], metavar="K=V", help="override a probe parameter")
+    run.add_argument("--timeout", type=float, default=None, metavar="S", help="wall-clock limit per probe execution (default 600 s)")
+    run.add_argument("--force", action="store_true", help="re-execute probes even when a cached execution exists")
+    run.add_argument("--profile", choices=["torch"], help="capture a torch.profiler trace of each probe execution")
+
+    led = sub.add_parser("ledger", help="regenerate hypotheses/LEDGER.md from the stored results")
+    led.add_argument("--check", action="store_true", help="exit 1 when the ledger or a verdict is out of date")
+
+    show = sub.add_parser("show", help="one hypothesis: record, evidence and history")
+    show.add_argument("id")
+
+    for name, module in _DELEGATED.items():
+        sub.add_parser(name, help=f"see `perfkit {name} --help` ({module})", add_help=False)
+    return parser
+
+
+def _delegated(argv: list[str]) -> tuple[str, list[str]] | None:
+    """(command, its arguments) when argv names a delegated command, which parses its own arguments."""
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--root":
+            i += 2
+        elif word.startswith("--root="):
+            i += 1
+        else:
+            return (word, argv[i + 1:]) if word in _DELEGATED else None
+    return None
+
+
+def _delegate(name: str, rest: list[str]) -> int:
+    module_name = _DELEGATED[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise UserError(f"`perfkit {name}` is not available in this installation ({module_name} is missing)") from None
+        raise
+    return int(module.main(rest) or 0)
+
+
+def _main(argv: list[str]) -> int:
+    delegated = _delegated(argv)
+    if delegated is not None:
+        return _delegate(*delegated)
+    args = _parser().parse_args(argv)
+    from perfkit.paths import find_project
+
+    project = find_project(args.root)
+    if args.command == "validate":
+        from perfkit.hypothesis import load_hypotheses
+
+        hypotheses = load_hypotheses(project)
+        print(f"{len(hypotheses)} hypotheses valid")
+        return 0
+    if args.command == "run":
+        from perfkit import runner
+
+        report = runner.run(
+            project, ids=args.ids, all_hypotheses=args.all, quick=args.quick, jobs=args.jobs,
+            overrides=runner.parse_overrides(args.param),
+            timeout_s=args.timeout if args.timeout is not None else runner.DEFAULT_TIMEOUT_S,
+            force=args.force, profile=args.profile, command="perfkit " + shlex.join(argv),
+        )
+        return report.exit_code
+    if args.command == "ledger":
+        from perfkit import ledger
+
+        if args.check:
+            problems, warnings = ledger.check(project)
+            for w in warnings:
+                print(f"warning: {w}")
+            for p in problems:
+                print(p)
+            if problems:
+                return 1
+            print(f"{project.relative(project.ledger_path)} is up to date")
+            return 0
+        ledger.write(project)
+        print(f"wrote {project.relative(project.ledger_path)}")
+        return 0
+    if args.command == "show":
+        from perfkit import ledger
+
+        sys.stdout.write(ledger.describe(project, args.id))
+        return 0
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _main(argv)
+    except UserError as exc:
+        from perfkit.errors import RecordError
+        from perfkit.hypothesis import ValidationFailed
+
+        # record errors are already `path:line: field: message`, one per line
+        plain = isinstance(exc, (RecordError, ValidationFailed))
+        print(str(exc) if plain else f"perfkit: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""One papermill execution of a probe, in its own process, with a wall-clock limit.
+
+The execution runs in a child process in a new session: on timeout the child, its kernel and
+anything they started are killed, and the partial executed notebook (papermill saves it as each
+cell starts and ends) is kept as evidence. A raise, a hang and a dead kernel each end in an
+outcome that names the cell, so one bad probe never takes the run down with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from perfkit.paths import write_atomic
+from perfkit.probe import MIMETYPE, decode_samples
+from perfkit.results import MetricRecord
+
+KERNEL_NAME = "perfkit"
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an execution ended, where, and what it recorded."""
+
+    status: str  # ok | error | timeout | crashed
+    wall_s: float
+    reason: str | None = None
+    cell_index: int | None = None
+    ename: str | None = None
+    evalue: str | None = None
+    traceback: str = ""
+    records: tuple[MetricRecord, ...] = ()
+    cells: tuple[tuple[str, float, float], ...] = field(default=())  # (label, t0, t1) epoch seconds
+
+
+def ensure_kernelspec(directory: Path) -> Path:
+    """A `perfkit` kernelspec for this interpreter under directory/kernels; put directory on JUPYTER_PATH.
+
+    The runner never relies on a kernel someone registered by hand: whatever interpreter runs
+    perfkit also runs the probes.
+    """
+    spec_dir = Path(directory) / "kernels" / KERNEL_NAME
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "perfkit",
+        "language": "python",
+        "metadata": {"debugger": True},
+    }
+    write_atomic(spec_dir / "kernel.json", json.dumps(spec, indent=1) + "\n")
+    return Path(directory)
+
+
+def _epoch(stamp: str | None) -> float | None:
+    if not stamp:
+        return None
+    moment = datetime.fromisoformat(stamp)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+def _first_line(source: str) -> str:
+    for line in source.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            text = line.strip()
+            return text if len(text) <= 60 else text[:57] + "..."
+    return ""
+
+
+def _cell_words(index: int, source: str) -> str:
+    line = _first_line(source)
+    return f"cell {index} (`{line}`)" if line else f"cell {index}"
+
+
+def read_notebook(path: Path):
+    """The executed notebook, or None when there is none (or it was torn by a kill)."""
+    import nbformat
+
+    try:
+        return nbformat.read(str(path), as_version=4)
+    except (OSError, ValueError, json.JSONDecodeError):
+        return None
+
+
+def records_in(nb) -> list[MetricRecord]:
+    """Every perfkit record displayed in an executed notebook, in order."""
+    out = []
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            payload = output.get("data", {}).get(MIMETYPE) if output.get("output_type") in ("display_data", "execute_result") else None
+            if payload is None:
+                continue
+            for item in payload.get("records", []):
+                out.append(
+                    MetricRecord(
+                        name=item["name"],
+                        unit=item["unit"],
+                        samples=tuple(decode_samples(item["samples"])),
+                        at=item.get("at"),
+                        note=item.get("note"),
+                        breakdown=item.get("breakdown"),
+                    )
+                )
+    return out
+
+
+def cell_times(nb) -> list[tuple[str, float, float]]:
+    """(label, start, end) per executed cell, from papermill's metadata; a running cell ends now."""
+    out = []
+    for index, cell in enumerate(nb.cells):
+        meta = cell.get("metadata", {}).get("papermill", {})
+        start = _epoch(meta.get("start_time"))
+        if start is None:
+            continue
+        end = _epoch(meta.get("end_time")) or time.time()
+        out.append((f"cell {index}", start, end))
+    return out
+
+
+def last_started_cell(nb) -> tuple[int, str] | None:
+    """The last cell papermill started: the one running when a kernel died or time ran out."""
+    found = None
+    for index, cell in enumerate(nb.cells):
+        if cell.get("metadata", {}).get("papermill", {}).get("start_time"):
+            found = (index, cell.get("source", ""))
+    return found
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """Kill the child, its kernel (which runs in a session of its own) and their children."""
+    import psutil
+
+    try:
+        victims = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        victims = []
+    for victim in victims:
+        try:
+            victim.kill()
+        except psutil.NoSuchProcess:
+            pass
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass
+    psutil.wait_procs(victims, timeout=10)
+    proc.wait()
+
+
+def execute(
+    *,
+    notebook: Path,
+    output: Path,
+    params: dict[str, Any],
+    cwd: Path,
+    kernel_dir: Path,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+) -> Outcome:
+    """Execute `notebook` with `params` into `output`; never raises for what the probe does."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    spec_path = output.with_name(output.stem + ".spec.json")
+    outcome_path = output.with_name(output.stem + ".outcome.json")
+    if outcome_path.exists():
+        outcome_path.unlink()
+    write_atomic(spec_path, json.dumps({
+        "notebook": str(notebook), "output": str(output), "params": params, "cwd": str(cwd), "outcome": str(outcome_path),
+    }, indent=1))
+    child_env = dict(os.environ)
+    child_env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(kernel_dir), os.environ.get("JUPYTER_PATH")) if p)
+    child_env.pop("MPLBACKEND", None)  # let the kernel use its inline backend so figures land in the notebook
+    child_env.update(env or {})
+    started = time.monotonic()
+    with open(output.with_name(output.stem + ".log"), "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "perfkit.execute", str(spec_path)],
+            stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True,
+        )
+        try:
+            proc.wait(timeout=timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc)
+            timed_out = True
+    wall = time.monotonic() - started
+    nb = read_notebook(output)
+    records = tuple(records_in(nb)) if nb is not None else ()
+    cells = tuple(cell_times(nb)) if nb is not None else ()
+    running = last_started_cell(nb) if nb is not None else None
+    if timed_out:
+        where = f"in {_cell_words(*running)}" if running else "before any cell ran (kernel start-up)"
+        return Outcome(status="timeout", wall_s=wall, reason=f"timed out after {timeout_s:g} s {where}",
+                       cell_index=running[0] if running else None, records=records, cells=cells)
+    try:
+        told = json.loads(outcome_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        told = {"status": "crashed", "ename": None, "evalue": f"the executor process exited with status {proc.returncode}"}
+    status = told["status"]
+    if status == "ok":
+        return Outcome(status="ok", wall_s=wall, records=records, cells=cells)
+    if status == "error" and told.get("cell_index") is not None:
+        index = told["cell_index"]
+        where = _cell_words(index, told.get("source", ""))
+        reason = f"{notebook.name} {where}: {told['ename']}: {told['evalue']}"
+    elif status == "crashed":
+        index = running[0] if running else None
+        where = f"in {_cell_words(*running)}" if running else "before any cell ran"
+        reason = f"kernel died {where}"
+    else:
+        index = None
+        reason = f"{notebook.name}: {told.get('ename')}: {told.get('evalue')}"
+    return Outcome(
+        status=status, wall_s=wall, reason=reason, cell_index=index, ename=told.get("ename"), evalue=told.get("evalue"),
+        traceback=told.get("traceback", ""), records=records, cells=cells,
+    )
+
+
+def _child(spec_path: str) -> int:
+    """Run papermill and say how it ended in the outcome file (child process side)."""
+    import papermill
+    from nbclient.exceptions import DeadKernelError
+    from papermill.exceptions import PapermillExecutionError
+
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    try:
+        papermill.execute_notebook(
+            spec["notebook"], spec["output"], parameters=spec["params"], kernel_name=KERNEL_NAME, language="python",
+            cwd=spec["cwd"], progress_bar=False, start_timeout=120,
+        )
+        told = {"status": "ok"}
+    except PapermillExecutionError as exc:
+        told = {"status": "error", "cell_index": exc.cell_index, "source": exc.source, "ename": exc.ename,
+                "evalue": exc.evalue, "traceback": _ANSI.sub("", "\n".join(exc.traceback))}
+    except DeadKernelError as exc:
+        told = {"status": "crashed", "ename": "DeadKernelError", "evalue": str(exc)}
+    except Exception as exc:  # the kernel would not start, the notebook is unreadable, ...: a failed probe, reported
+        import traceback
+
+        told = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": traceback.format_exc()}
+    write_atomic(Path(spec["outcome"]), json.dumps(told, indent=1))
+    return 0 if told["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))

@@ -1,0 +1,94 @@
+"""Where a project keeps its hypotheses, probes, runs and ledger.
+
+Every path the framework reads or writes comes from one `Project`, so tests (and users with
+several investigations) can point perfkit at another directory with `--root` or PERFKIT_ROOT.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from perfkit.errors import UserError
+
+
+@dataclass(frozen=True)
+class Project:
+    """A directory holding hypotheses/, notebooks/ and runs/."""
+
+    root: Path
+
+    @property
+    def hypotheses_dir(self) -> Path:
+        return self.root / "hypotheses"
+
+    @property
+    def notebooks_dir(self) -> Path:
+        return self.root / "notebooks"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.hypotheses_dir / "LEDGER.md"
+
+    @property
+    def ledger_dir(self) -> Path:
+        """Committed compact results and small plots the ledger is generated from."""
+        return self.hypotheses_dir / "ledger"
+
+    @property
+    def results_dir(self) -> Path:
+        return self.ledger_dir / "results"
+
+    @property
+    def plots_dir(self) -> Path:
+        return self.ledger_dir / "plots"
+
+    def relative(self, path: Path) -> str:
+        """A path as the user sees it: relative to the project root when inside it."""
+        try:
+            return Path(path).resolve().relative_to(self.root.resolve()).as_posix()
+        except ValueError:
+            return str(path)
+
+
+def find_project(root: str | os.PathLike | None = None) -> Project:
+    """The project at `root`, at PERFKIT_ROOT, or the nearest directory above cwd with hypotheses/."""
+    if root is None:
+        root = os.environ.get("PERFKIT_ROOT") or None
+    if root is not None:
+        path = Path(root).resolve()
+        if not (path / "hypotheses").is_dir():
+            raise UserError(f"{path} is not a perfkit project: it has no hypotheses/ directory")
+        return Project(path)
+    here = Path.cwd().resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / "hypotheses").is_dir() and (candidate / "notebooks").is_dir():
+            return Project(candidate)
+    raise UserError(
+        f"no perfkit project found at or above {here} (a directory with hypotheses/ and notebooks/); "
+        "pass --root DIR or set PERFKIT_ROOT"
+    )
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write a file so that readers see the old or the new content, never a torn one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
