@@ -211,14 +211,7 @@ def engine_runs(timeout_s: float) -> list[dict]:
         except subprocess.TimeoutExpired:
             runs.append({"mode": mode, "ok": False, "error": f"timed out after {timeout_s:.0f} s"})
             continue
-        result = None
-        for line in reversed(proc.stdout.splitlines()):
-            if line.strip().startswith("{"):
-                try:
-                    result = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                break
+        result = _last_json(proc.stdout)
         runs.append({
             "mode": mode,
             "ok": proc.returncode == 0,
@@ -230,6 +223,21 @@ def engine_runs(timeout_s: float) -> list[dict]:
             "stderr_tail": proc.stderr[-2000:] if proc.returncode != 0 else "",
         })
     return runs
+
+
+def _last_json(text: str):
+    """The JSON document a command printed: all of stdout, or its last line that parses."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    for line in reversed(text.splitlines()):
+        if line.strip().startswith(("{", "[")):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    return None
 
 
 # --- findings and the report -----------------------------------------------------------------------

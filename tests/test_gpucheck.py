@@ -174,3 +174,9 @@ def test_spans_that_disagree_with_events_are_called_out():
     report = _report()
     report["spans"]["value"].update(span_mean_ms=0.02, span_vs_events=0.013)
     assert any(s.startswith("perfkit spans DISAGREE with CUDA events") for s in gpucheck.findings(report))
+
+
+def test_engine_json_is_found_in_whole_or_on_its_last_line():
+    assert gpucheck._last_json('{\n "decode_tok_s": 12.5\n}\n') == {"decode_tok_s": 12.5}
+    assert gpucheck._last_json('ctx_req prompt_tok\n4096 4096\n{"decode_tok_s": 3}\n') == {"decode_tok_s": 3}
+    assert gpucheck._last_json("no json here\n") is None
