@@ -152,7 +152,9 @@ def _report():
         "spans": {"value": {"span_mean_ms": 1.52, "events_ms": 1.5, "wall_nosync_ms": 0.02, "span_vs_events": 1.013}},
         "nvtx": {"value": {"ok": True, "note": "spans emit NVTX ranges: ..."}},
         "profiler": {"error": "RuntimeError: boom", "traceback": "Traceback ...\nRuntimeError: boom"},
-        "engine": {"value": [{"mode": "spec", "ok": True}, {"mode": "ar", "ok": False}]},
+        "engine": {"value": [{"mode": "spec", "context": 4096, "decode_tok_s": 250.0, "spans_step_total_s": 0.25,
+                               "wall_s_synchronised": 0.26, "verify_forward_ms": 0.5, "verify_floor_ms": 0.01,
+                               "verify_floor_note": "memory-bound floor ..."}]},
     }
 
 
@@ -162,12 +164,16 @@ def test_findings_and_markdown_from_a_report():
     assert "measured device triad 4 TB/s = 83% of the NVML-derived peak 4.8 TB/s" in said
     assert any(s.startswith("perfkit spans agree with CUDA events: 1.52 ms vs 1.5 ms") for s in said)
     assert said[-1] == "FAILED sections: profiler (see their errors below)"
+    assert ("engine spec at 4096 context: 250 tok/s; spans' steps sum to 0.25 s of 0.26 s synchronised wall; "
+            "verify_forward 0.5 ms = 50x its floor (memory-bound floor ...)") in said
     md = gpucheck.render_markdown(report)
     assert md.startswith("# perfkit gpu-check (2025-01-01T00:00:00+00:00)")
     assert "- GPU 0: NVIDIA H200, driver 550.54.15, 150 GiB, peak DRAM 4.8 TB/s" in md
     assert "| matmul 8192^2 bf16 | 1.5 | 0.02 | 1.55 | 733 | 268 |" in md
     assert "FAILED: RuntimeError: boom" in md
-    assert gpucheck.failed_sections(report) == ["profiler", "engine ar"]
+    assert gpucheck.failed_sections(report) == ["profiler"]
+    report["nvtx"]["value"]["ok"] = False
+    assert gpucheck.failed_sections(report) == ["profiler", "nvtx"]
 
 
 def test_spans_that_disagree_with_events_are_called_out():
@@ -180,3 +186,72 @@ def test_engine_json_is_found_in_whole_or_on_its_last_line():
     assert gpucheck._last_json('{\n "decode_tok_s": 12.5\n}\n') == {"decode_tok_s": 12.5}
     assert gpucheck._last_json('ctx_req prompt_tok\n4096 4096\n{"decode_tok_s": 3}\n') == {"decode_tok_s": 3}
     assert gpucheck._last_json("no json here\n") is None
+
+
+def test_engine_check_runs_the_engine_and_compares_verify_with_its_floor():
+    """The same code the GPU check runs, on the CPU with the small random engine."""
+    import torch
+
+    from perfkit.roofline import Machine
+
+    machine = Machine("test machine", 10e9, 50e9)
+    rows = gpucheck.engine_check(torch, device="cpu", preset="tiny-random", context=128, new_tokens=8, budget=8,
+                                 machine=machine)
+    assert [r["mode"] for r in rows] == ["spec", "ar"]
+    for r in rows:
+        assert r["steps"] >= 1 and r["decode_tok_s"] > 0
+        assert 0 < r["spans_step_total_s"] <= r["wall_s_synchronised"]
+        assert r["per_step_ms"]["step"] > 0 and "unattributed" in r["per_step_ms"]
+        assert r["verify_forward_ms"] > 0 and r["verify_floor_ms"] > 0
+        assert "test machine" in r["verify_floor_note"]
+    said = gpucheck.findings({"engine": {"value": rows}})
+    assert said[0].startswith("engine spec at 128 context: ") and "x its floor" in said[0]
+
+
+def test_run_writes_the_report_and_a_failed_section_fails_the_command(tmp_path, monkeypatch, capsys):
+    """The orchestration, with each device measurement replaced by a stand-in."""
+    import json
+    import sys
+
+    import torch
+
+    import fake_nvml
+    from perfkit import bandwidth
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml.make())
+    monkeypatch.setattr(gpucheck, "cuda_unavailable", lambda: None)
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+
+    def fig(kernel, device, value):
+        unit = "FLOP/s" if kernel == "matmul" else "B/s"
+        return bandwidth.Figure(kernel, device, unit, value, value * 0.99, value * 1.01, value, (value,), 1)
+
+    measurement = bandwidth.Measurement(
+        fingerprint="f", machine={"gpus": ["NVIDIA H100 80GB HBM3"]}, measured_at="now", seconds=1.0,
+        figures=(fig("copy", "cuda:0", 2.9e12), fig("triad", "cuda:0", 3.0e12), fig("matmul", "cuda:0", 7e14)))
+    monkeypatch.setattr(bandwidth, "measured", lambda refresh=False: measurement)
+    kernels = [{"kernel": "matmul 8192^2 bf16", "events_ms": 1.5, "wall_nosync_ms": 0.02, "wall_sync_ms": 1.6,
+                "tflops": 733.0, "gbps": 268.0}]
+    monkeypatch.setattr(gpucheck, "kernel_timings", lambda t: kernels)
+    monkeypatch.setattr(gpucheck, "span_check", lambda t: {"span_mean_ms": 1.5, "events_ms": 1.5,
+                                                           "wall_nosync_ms": 0.02, "span_vs_events": 1.0})
+    monkeypatch.setattr(gpucheck, "nvtx_check", lambda cuda: {"ok": True, "note": "spans emit NVTX ranges"})
+    monkeypatch.setattr(gpucheck, "profiler_check", lambda t, out: {"ok": True})
+
+    def broken_engine(t):
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(gpucheck, "engine_check", broken_engine)
+    out = tmp_path / "check"
+    assert gpucheck.main(["--out", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert "measured device triad 3 TB/s = 89% of the NVML-derived peak 3.35 TB/s" in printed
+    assert "gpu-check: FAILED: engine" in printed
+    report = json.loads((out / "report.json").read_text())
+    assert report["engine"]["error"] == "RuntimeError: CUDA error: out of memory"
+    assert report["environment"]["value"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    md = (out / "report.md").read_text()
+    assert "| matmul 8192^2 bf16 | 1.5 | 0.02 | 1.6 | 733 | 268 |" in md and "FAILED: RuntimeError" in md
+
+    monkeypatch.setattr(gpucheck, "engine_check", lambda t: [])
+    assert gpucheck.main(["--out", str(tmp_path / "again")]) == 0
