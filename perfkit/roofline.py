@@ -234,28 +234,26 @@ def sweep(config, machine: Machine, *, contexts: list[int], batch: int, q_tokens
 
 
 def format_sweep(rows: list[tuple[int, Floor]]) -> str:
-    lines = [f"{'context':>8} {'GB':>9} {'GFLOP':>9} {'floor_ms':>10} {'bound':>8}"]
+    lines = [f"{'context':>8} {'MB':>10} {'MFLOP':>10} {'memory_us':>10} {'compute_us':>10} {'floor_us':>10} {'bound':>8}"]
     for ctx, f in rows:
-        lines.append(f"{ctx:>8} {f.bytes / 1e9:>9.4g} {f.flops / 1e9:>9.4g} {f.seconds * 1e3:>10.4g} {f.bound:>8}")
+        lines.append(
+            f"{ctx:>8} {f.bytes / 1e6:>10.4g} {f.flops / 1e6:>10.4g} {f.memory_seconds * 1e6:>10.4g} "
+            f"{f.compute_seconds * 1e6:>10.4g} {f.seconds * 1e6:>10.4g} {f.bound:>8}"
+        )
     return "\n".join(lines)
 
 
-def _engine_config(name: str):
-    """The shipped engine's configuration called ``name`` (target or drafter)."""
-    from perfkit.engine import model
+def _engine_config(preset: str):
+    """The target configuration of a bundled engine preset (shipped, tiny-random, moe-random)."""
+    from perfkit.engine import load_engine
 
-    for attr in (f"{name.upper()}_CONFIG", name):
-        if hasattr(model, attr):
-            return getattr(model, attr)
-    if hasattr(model, "config_named"):
-        return model.config_named(name)
-    raise UserError(f"perfkit.engine.model has no configuration named {name!r}")
+    return load_engine(preset, device="cpu").target_config
 
 
 def main(argv: list[str]) -> int:
     """`python -m perfkit.roofline`: the floor of an engine step over a context sweep."""
     p = argparse.ArgumentParser(prog="python -m perfkit.roofline", description=main.__doc__)
-    p.add_argument("--config", default="target", help="engine configuration name (default: target)")
+    p.add_argument("--preset", default="shipped", help="engine preset whose target is costed (default: shipped)")
     p.add_argument("--machine", default="measured", help=f"'measured' or one of: {', '.join(PRESETS)}")
     p.add_argument("--contexts", default="1024,4096,16384,32768,65536")
     p.add_argument("--batch", type=int, default=1)
@@ -268,7 +266,7 @@ def main(argv: list[str]) -> int:
         contexts = [int(x) for x in a.contexts.split(",") if x]
     except ValueError:
         raise UserError(f"--contexts takes comma-separated integers, got {a.contexts!r}") from None
-    rows = sweep(_engine_config(a.config), machine, contexts=contexts, batch=a.batch, q_tokens=a.q_tokens,
+    rows = sweep(_engine_config(a.preset), machine, contexts=contexts, batch=a.batch, q_tokens=a.q_tokens,
                  dtype_bytes=a.dtype_bytes, experts_touched=a.experts_touched)
     print(f"{machine.name}: {machine.dram_bytes_per_s / 1e9:.4g} GB/s, {machine.peak_flops / 1e12:.4g} TFLOP/s "
           f"({machine.source}); batch {a.batch}, {a.q_tokens} token(s)/request, {a.dtype_bytes:g} B/element")

@@ -173,3 +173,23 @@ def test_measured_machine_reads_the_cached_bandwidth(tmp_path, monkeypatch):
     f = floor(Cost(bytes=48.2e9, flops=1.0), machine)
     assert f.seconds == pytest.approx(1.0)
     assert "at 48.2 GB/s measured" in f.note()
+
+
+def test_main_prints_the_context_sweep(monkeypatch, capsys):
+    monkeypatch.setattr(roofline, "_engine_config", lambda preset: LLAMA_8B)
+    assert roofline.main(["--machine", "H100 SXM", "--contexts", "8192,65536", "--dtype-bytes", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("H100 SXM: 3350 GB/s, 989 TFLOP/s (spec); batch 1")
+    assert out[1].split() == ["context", "MB", "MFLOP", "memory_us", "compute_us", "floor_us", "bound"]
+    row = out[2].split()
+    assert row[0] == "8192" and row[1] == "1.608e+04" and row[5] == "4801" and row[6] == "memory"
+    with pytest.raises(UserError, match="--contexts"):
+        roofline.main(["--machine", "H100 SXM", "--contexts", "8k"])
+
+
+def test_shipped_engine_presets_are_costed():
+    """The engine's own config objects are accepted as they are."""
+    cfg = roofline._engine_config("moe-random")
+    assert cfg.n_experts > 0
+    cost = step_cost(cfg, batch=1, context=4096, q_tokens=32, dtype_bytes=4)
+    assert cost.bytes > 0 and cost.flops > 0
