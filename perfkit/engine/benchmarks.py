@@ -1,0 +1,141 @@
+"""``perfkit engine benchmarks``: the engine's headline figures, each ratio measured side by side.
+
+1. Accept length of the shipped weights on held-out text, and spec vs AR decode tok/s at ~1k
+   context, batch 1 (AR and spec runs alternate, median of the repeats).
+2. Tree build, vectorized vs heapq, over batch x budget (the heap timing includes the copy of the
+   log-probs to the host, which the heap path needs).
+3. Verify mask, compact vs naive, over context x batch at 32 tree nodes (prepare_for_verify only).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+__all__ = ["run_benchmarks", "format_benchmarks", "tree_build_figures", "mask_figures", "spec_figures"]
+
+
+def _median_s(fn, *, quick: bool) -> float:
+    from perfkit.bench import bench
+
+    samples = bench(fn, warmup=2 if quick else 3, repeat=5 if quick else 15, min_time_s=0.05 if quick else 0.3)
+    return statistics.median(samples)
+
+
+def spec_figures(*, quick: bool, device: str = "cpu", budget: int = 32) -> dict:
+    """Accept length on held-out prompts, and spec vs AR decode speed at ~1k context, batch 1."""
+    from perfkit.engine import data
+    from perfkit.engine.checkpoints import load_engine
+
+    engine = load_engine("shipped", device=device)
+    n_prompts, gen = (4, 64) if quick else (16, 128)
+    prompts = data.sample_prompts(n_prompts, 256)
+    accept = []
+    for p in prompts:
+        r = engine.generate([p], max_new_tokens=gen, mode="spec", budget=budget)
+        accept.extend(r.accept_lengths)
+    ctx_prompt = data.sample_prompts(1, 256, seed=7)
+    opts = dict(max_new_tokens=64 if quick else 128, context=1024)
+    engine.generate(ctx_prompt, max_new_tokens=8, context=1024, mode="spec", budget=budget)  # warm-up
+    engine.generate(ctx_prompt, max_new_tokens=8, context=1024, mode="ar")
+    ar_runs, spec_runs, spec_accept = [], [], []
+    for _ in range(2 if quick else 5):
+        ar_runs.append(engine.generate(ctx_prompt, mode="ar", **opts).decode_tok_s)
+        s = engine.generate(ctx_prompt, mode="spec", budget=budget, **opts)
+        spec_runs.append(s.decode_tok_s)
+        spec_accept.append(s.mean_accept_length)
+    ar, spec = statistics.median(ar_runs), statistics.median(spec_runs)
+    return {
+        "budget": budget,
+        "heldout_prompts": n_prompts,
+        "heldout_gen": gen,
+        "heldout_accept_len": statistics.fmean(accept),
+        "ctx": 1024,
+        "ar_decode_tok_s": ar,
+        "spec_decode_tok_s": spec,
+        "spec_accept_len_at_ctx": statistics.fmean(spec_accept),
+        "speedup": spec / ar,
+    }
+
+
+def _draft_like(batch: int, depth: int, ranks: int, seed: int):
+    """Top-``ranks`` log-probs [B, K, R] shaped like a drafter's: peaked, flatter with depth."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    temps = torch.linspace(4.0, 1.5, depth)[None, :, None]
+    logits = torch.randn(batch, depth, 256, generator=gen) * temps
+    return logits.log_softmax(-1).topk(ranks, dim=-1).values
+
+
+def tree_build_figures(*, quick: bool, device: str = "cpu") -> list[dict]:
+    """Vectorized vs heapq tree build at batch 1/8/32/128 x budget 16/64/256, trees checked equal."""
+    import torch
+
+    from perfkit.kernels.tree_build import build_tree_heap, build_tree_vectorized
+
+    rows = []
+    for budget in (16, 64, 256):
+        for batch in (1, 8, 32, 128):
+            lp = _draft_like(batch, 8, min(budget, 256), seed=batch * 1000 + budget).to(device)
+            a, b = build_tree_heap(lp, budget), build_tree_vectorized(lp, budget)
+            same = all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("ranks", "parents", "depths", "scores"))
+            heap = _median_s(lambda: build_tree_heap(lp, budget), quick=quick)
+            vec = _median_s(lambda: build_tree_vectorized(lp, budget), quick=quick)
+            rows.append({"batch": batch, "budget": budget, "heap_ms": heap * 1e3, "vectorized_ms": vec * 1e3, "speedup": heap / vec, "same_trees": same})
+    return rows
+
+
+def mask_figures(*, quick: bool, device: str = "cpu", nodes: int = 32) -> list[dict]:
+    """Compact vs naive prepare_for_verify at context 1k/8k/32k/64k, batch 1 and 8, 32 nodes."""
+    import torch
+
+    from perfkit.kernels.tree_build import build_tree_vectorized
+    from perfkit.kernels.verify_mask import prepare_for_verify_compact, prepare_for_verify_naive
+
+    rows = []
+    for batch in (1, 8):
+        tree = build_tree_vectorized(_draft_like(batch, 8, nodes, seed=batch).to(device), nodes)
+        for ctx in (1024, 8192, 32768, 65536):
+            lens = torch.full((batch,), ctx, dtype=torch.int64, device=device)
+            naive = _median_s(lambda: prepare_for_verify_naive(lens, tree.parents, 8), quick=quick)
+            compact = _median_s(lambda: prepare_for_verify_compact(lens, tree.parents, 8), quick=quick)
+            rows.append({"batch": batch, "ctx": ctx, "nodes": nodes, "naive_ms": naive * 1e3, "compact_ms": compact * 1e3, "speedup": naive / compact})
+    return rows
+
+
+def run_benchmarks(*, quick: bool = False, device: str = "cpu") -> dict:
+    import torch
+
+    return {
+        "format": "perfkit-engine-benchmarks",
+        "version": 1,
+        "quick": quick,
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "spec_vs_ar": spec_figures(quick=quick, device=device),
+        "tree_build": tree_build_figures(quick=quick, device=device),
+        "verify_mask": mask_figures(quick=quick, device=device),
+    }
+
+
+def format_benchmarks(record: dict) -> str:
+    s = record["spec_vs_ar"]
+    lines = [
+        f"perfkit engine benchmarks ({'quick' if record['quick'] else 'full'}; {record['device']}, {record['threads']} threads)",
+        "",
+        f"Spec decode, shipped weights, budget {s['budget']}",
+        f"  accept length on held-out text ({s['heldout_prompts']} prompts x {s['heldout_gen']} tokens): {s['heldout_accept_len']:.2f}",
+        f"  ctx {s['ctx']}, batch 1: AR {s['ar_decode_tok_s']:.1f} tok/s, spec {s['spec_decode_tok_s']:.1f} tok/s "
+        f"(accept {s['spec_accept_len_at_ctx']:.2f}) -> spec/AR {s['speedup']:.2f}x",
+        "",
+        "Tree build (8 depths): heapq reference vs vectorized",
+        f"  {'batch':>5} {'budget':>6} {'heap_ms':>9} {'vector_ms':>9} {'speedup':>8} same_trees",
+    ]
+    for r in record["tree_build"]:
+        lines.append(
+            f"  {r['batch']:>5} {r['budget']:>6} {r['heap_ms']:>9.3f} {r['vectorized_ms']:>9.3f} {r['speedup']:>7.2f}x {r['same_trees']}"
+        )
+    lines += ["", "Verify mask (prepare_for_verify, 32 nodes): naive vs compact", f"  {'batch':>5} {'ctx':>6} {'naive_ms':>9} {'compact_ms':>10} {'speedup':>8}"]
+    for r in record["verify_mask"]:
+        lines.append(f"  {r['batch']:>5} {r['ctx']:>6} {r['naive_ms']:>9.3f} {r['compact_ms']:>10.4f} {r['speedup']:>7.1f}x")
+    return "\n".join(lines)

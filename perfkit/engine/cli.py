@@ -1,0 +1,98 @@
+"""``perfkit engine bench|benchmarks|train``: the engine's command line.
+
+The top-level ``perfkit`` command hands ``perfkit engine <rest>`` to :func:`main`; it also runs
+as ``python -m perfkit.engine.cli <rest>``. Exit status: 0 success, 2 a usage or user error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from perfkit.errors import UserError
+
+__all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # usage errors are user errors: exit 2 without a traceback
+        raise UserError(f"{self.prog}: {message}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    top = _Parser(prog="perfkit engine", description="The bundled speculative-decoding engine.")
+    sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    b = sub.add_parser("bench", help="one context-decode measurement: table row and phase breakdown")
+    b.add_argument("--ctx", type=int, required=True, help="cached prefix tokens per request")
+    b.add_argument("--gen", type=int, required=True, help="tokens to generate per request")
+    b.add_argument("--batch", type=int, default=1)
+    b.add_argument("--budget", type=int, default=32, help="draft tree nodes per step")
+    b.add_argument("--mode", choices=("spec", "ar"), default="spec")
+    b.add_argument("--mask", choices=("naive", "compact"), default="compact")
+    b.add_argument("--tree", choices=("heap", "vectorized"), default="vectorized")
+    b.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    b.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    b.add_argument("--preset", choices=("shipped", "tiny-random", "moe-random"), default="shipped")
+    b.add_argument(
+        "--fill",
+        choices=("auto", "prefill", "approx"),
+        default="auto",
+        help="how the cache is filled; auto = approx from 4096 tokens of context (labelled in the output)",
+    )
+    b.add_argument("--json", action="store_true", help="print the record as JSON instead of the table")
+
+    m = sub.add_parser("benchmarks", help="spec vs AR, tree build and mask build figures, side by side")
+    m.add_argument("--quick", action="store_true", help="fewer repeats and prompts")
+    m.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    m.add_argument("--json", action="store_true")
+
+    t = sub.add_parser("train", help="train the shipped target and drafter (deterministic)")
+    t.add_argument("--out", default=None, help="output directory (default: the package's checkpoints/)")
+    t.add_argument("--quick", action="store_true", help="a few steps only (smoke test)")
+    t.add_argument("--threads", type=int, default=None)
+    return top
+
+
+def _positive(name: str, value: int) -> None:
+    if value < 1:
+        raise UserError(f"--{name} must be >= 1, got {value}")
+
+
+def main(argv: list[str]) -> int:
+    try:
+        try:
+            args = _parser().parse_args(argv)
+        except SystemExit as exc:  # --help
+            return int(exc.code or 0)
+        if args.command == "bench":
+            from perfkit.engine.bench import BenchConfig, format_bench, run_bench
+
+            for name in ("ctx", "gen", "batch", "budget"):
+                _positive(name, getattr(args, name))
+            cfg = BenchConfig(
+                ctx=args.ctx, gen=args.gen, batch=args.batch, budget=args.budget, mode=args.mode, mask=args.mask,
+                tree=args.tree, device=args.device, dtype=args.dtype, preset=args.preset, fill=args.fill,
+            )
+            record = run_bench(cfg)
+            print(json.dumps(record, indent=1, sort_keys=True) if args.json else format_bench(record))
+            return 0
+        if args.command == "benchmarks":
+            from perfkit.engine.benchmarks import format_benchmarks, run_benchmarks
+
+            record = run_benchmarks(quick=args.quick, device=args.device)
+            print(json.dumps(record, indent=1, sort_keys=True) if args.json else format_benchmarks(record))
+            return 0
+        from perfkit.engine import train
+
+        rest = (["--out", args.out] if args.out else []) + (["--quick"] if args.quick else [])
+        rest += ["--threads", str(args.threads)] if args.threads else []
+        return train.main(rest)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,351 @@
+"""The decode loop: prefill, then speculative or autoregressive steps, every phase in a span.
+
+A speculative step, for a batch whose committed cache lengths are L_b and whose root tokens (the
+last emitted token of each request, not yet in the cache) are known:
+
+    draft               drafter(target hidden that predicted the root, root) -> top-R log-probs
+                        at each of K positions
+    tree_build          best-first tree of ``budget`` nodes (heapq reference or vectorized)
+    prepare_for_verify  verify mask (naive or compact), block tokens, positions, slots
+    verify_forward      target forward over root + nodes; node K/V land in slots L_b + j
+    accept              walk the tree along the target's argmax; bonus token; one host copy
+    kv_commit           move the accepted K/V to slots L_b + 1 .. L_b + accepted; bump L_b
+
+An autoregressive step is the same target forward with one token (verify_forward), the host copy
+(accept) and the length bump (kv_commit). Both run inside ``span("step")``, so
+``perfkit.spans.capture().steps()`` gives the breakdown with the unattributed remainder. Nothing
+here synchronises the device except the one host copy per step that emitting tokens needs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from perfkit.engine import data
+from perfkit.engine.drafter import BlockDrafter
+from perfkit.engine.model import KVCache, Transformer
+from perfkit.errors import UserError
+from perfkit.kernels import tree_build, verify_mask
+from perfkit.phases import STEP
+from perfkit.spans import span
+
+__all__ = ["Engine", "GenerateResult", "PREFILL_CHUNK", "APPROX_HEAD", "APPROX_TAIL"]
+
+PREFILL_CHUNK = 512  # prefill tokens per forward: memory O(chunk * context), not O(context^2)
+APPROX_HEAD = 256  # approximate fill: tokens prefilled for real at the start, then tiled
+APPROX_TAIL = 64  # approximate fill: last tokens prefilled for real over the filled cache
+
+MODES = ("spec", "ar")
+FILLS = ("prefill", "approx")
+
+
+@dataclass
+class GenerateResult:
+    """What one ``Engine.generate`` call produced and how long it took.
+
+    tokens: generated ids per request (exactly max_new_tokens each); accept_lengths: per decode
+    step, tokens emitted per request (accepted nodes + bonus) averaged over the batch; the first
+    token comes from the prefill, so decode steps emit the rest. Times in seconds; ttft_s is
+    prefill plus the first token on the host. prompt_tokens and generated_tokens are batch totals.
+    fill says how the cache was filled ("approx": see Engine.generate). experts_touched: per step,
+    distinct experts the step's target forward routed to, summed over layers (MoE only).
+    """
+
+    tokens: list[list[int]]
+    accept_lengths: list[float]
+    steps: int
+    prefill_s: float
+    decode_s: float
+    ttft_s: float
+    prompt_tokens: int
+    generated_tokens: int
+    fill: str
+    experts_touched: list[int] = field(default_factory=list)
+    mode: str = "spec"
+    batch: int = 1
+    budget: int = 0
+    tree: str = ""
+    mask: str = ""
+    context: int | None = None
+
+    @property
+    def mean_accept_length(self) -> float:
+        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else float("nan")
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens emitted by decode steps (all but the first token of each request)."""
+        return self.generated_tokens - self.batch
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else float("nan")
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else float("nan")
+
+
+class Engine:
+    """A target model, its block drafter, and the decode loop that drives them."""
+
+    def __init__(self, target: Transformer, drafter: BlockDrafter, *, device, dtype: torch.dtype, preset: str = ""):
+        if drafter.config.vocab_size != target.config.vocab_size or drafter.config.target_d_model != target.config.d_model:
+            raise UserError("drafter and target disagree on vocabulary or hidden size")
+        self.target = target.eval()
+        self.drafter = drafter.eval()
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.preset = preset
+
+    @property
+    def target_config(self):
+        return self.target.config
+
+    @property
+    def drafter_config(self):
+        return self.drafter.config
+
+    # --- the public entry point ------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        mode: str = "spec",
+        budget: int = 32,
+        tree: str = "vectorized",
+        mask: str = "compact",
+        context: int | None = None,
+        fill: str = "prefill",
+    ) -> GenerateResult:
+        """Greedy generation of ``max_new_tokens`` per prompt.
+
+        mode "spec" (draft tree of ``budget`` nodes, built by ``tree``, verified under a ``mask``
+        mask) or "ar" (one token per step). ``context``: make every request's cached prefix
+        exactly that many tokens (held-out text before the prompt, or the prompt's last tokens).
+        ``fill``: "prefill" runs the target over the whole prefix; "approx" prefills the first
+        APPROX_HEAD and last APPROX_TAIL tokens and fills the slots between with copies of the
+        first ones: the cache has the right size (attention costs are real) but not the right
+        contents, for timing long contexts on a CPU in seconds. Needs equal prefix lengths.
+        """
+        prefixes = self._prefixes(prompts, context)
+        self._check(prefixes, max_new_tokens, mode, budget, tree, mask, fill)
+        b = len(prefixes)
+        lens = [len(p) for p in prefixes]
+        k = self.drafter.config.block
+        extra = (k + 1 + budget + 1) if mode == "spec" else 1
+        cache = KVCache(self.target.config, batch=b, capacity=max(lens) + max_new_tokens + extra + 1, device=self.device, dtype=self.dtype)
+
+        t0 = time.perf_counter()
+        hidden = self._approx_fill(prefixes, cache) if fill == "approx" else self._prefill(prefixes, cache)
+        root = self.target.head(hidden).argmax(-1)  # [B] first generated token
+        out = [[t] for t in root.tolist()]
+        t1 = time.perf_counter()
+
+        lens_t = torch.tensor(lens, device=self.device)
+        accept_lengths: list[float] = []
+        touched: list[int] = []
+        steps = 0
+        while min(len(o) for o in out) < max_new_tokens:
+            if mode == "spec":
+                hidden, root = self._spec_step(cache, lens, lens_t, hidden, root, out, budget, tree, mask, accept_lengths, touched)
+            else:
+                root = self._ar_step(cache, lens, lens_t, root, out, accept_lengths, touched)
+            steps += 1
+        t2 = time.perf_counter()
+        tokens = [o[:max_new_tokens] for o in out]
+        return GenerateResult(
+            tokens=tokens,
+            accept_lengths=accept_lengths,
+            steps=steps,
+            prefill_s=t1 - t0,
+            decode_s=t2 - t1,
+            ttft_s=t1 - t0,
+            prompt_tokens=sum(len(p) for p in prefixes),
+            generated_tokens=sum(len(t) for t in tokens),
+            fill=fill,
+            experts_touched=touched,
+            mode=mode,
+            batch=b,
+            budget=budget if mode == "spec" else 0,
+            tree=tree if mode == "spec" else "",
+            mask=mask if mode == "spec" else "",
+            context=context,
+        )
+
+    # --- argument handling ---------------------------------------------------------------------
+
+    def _prefixes(self, prompts, context):
+        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, list) and p for p in prompts):
+            raise UserError("prompts must be a non-empty list of non-empty token lists")
+        vocab = self.target.config.vocab_size
+        for p in prompts:
+            if any(not isinstance(t, int) or not 0 <= t < vocab for t in p):
+                raise UserError(f"prompt tokens must be ints in [0, {vocab})")
+        if context is None:
+            return [list(p) for p in prompts]
+        if not isinstance(context, int) or context < 1:
+            raise UserError(f"context must be a positive int, got {context!r}")
+        filler = data.heldout_text()
+        out = []
+        for p in prompts:
+            need = context - len(p)
+            if need <= 0:
+                out.append(list(p[-context:]))
+                continue
+            reps = need // len(filler) + 1
+            out.append(list((filler * reps)[-need:]) + list(p))
+        return out
+
+    def _check(self, prefixes, max_new_tokens, mode, budget, tree, mask, fill):
+        if mode not in MODES:
+            raise UserError(f"mode must be one of {MODES}, got {mode!r}")
+        if tree not in tree_build.BUILDERS:
+            raise UserError(f"tree must be one of {tuple(tree_build.BUILDERS)}, got {tree!r}")
+        if mask not in verify_mask.BUILDERS:
+            raise UserError(f"mask must be one of {tuple(verify_mask.BUILDERS)}, got {mask!r}")
+        if fill not in FILLS:
+            raise UserError(f"fill must be one of {FILLS}, got {fill!r}")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise UserError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        if not isinstance(budget, int) or budget < 1:
+            raise UserError(f"budget must be a positive int, got {budget!r}")
+        if fill == "approx" and len({len(p) for p in prefixes}) != 1:
+            raise UserError("fill='approx' needs prefixes of equal length (pass context=N)")
+        longest = max(len(p) for p in prefixes) + max_new_tokens + budget + self.drafter.config.block + 4
+        if longest > self.target.config.max_seq_len:
+            raise UserError(f"prompt + generation ({longest} positions) exceeds max_seq_len {self.target.config.max_seq_len}")
+
+    # --- filling the cache -----------------------------------------------------------------------
+
+    def _forward_range(self, tokens, cache, start: int):
+        """Target over tokens [B, Q] at positions start.. for every request (uniform slots)."""
+        b, q = tokens.shape
+        positions = (start + torch.arange(q, device=self.device)).expand(b, q)
+        lens = torch.full((b,), start, device=self.device)
+        return self.target.forward(
+            tokens, cache, positions=positions, slots=positions, mask=verify_mask.causal_mask(lens, q), kv_len=start + q, uniform_start=start
+        )
+
+    def _prefill(self, prefixes, cache):
+        """Chunked prefill of right-padded prefixes; the hidden state at each one's last token [B, D]."""
+        b = len(prefixes)
+        longest = max(len(p) for p in prefixes)
+        padded = torch.zeros(b, longest, dtype=torch.int64)
+        for i, p in enumerate(prefixes):
+            padded[i, : len(p)] = torch.tensor(p)
+        padded = padded.to(self.device)
+        last = torch.tensor([len(p) - 1 for p in prefixes], device=self.device)
+        hidden = torch.zeros(b, self.target.config.d_model, device=self.device, dtype=self.dtype)
+        for start in range(0, longest, PREFILL_CHUNK):
+            chunk = padded[:, start : start + PREFILL_CHUNK]
+            h = self._forward_range(chunk, cache, start)  # [B, Q, D]
+            here = (last >= start) & (last < start + chunk.shape[1])
+            picked = h[torch.arange(b, device=self.device), (last - start).clamp(0, chunk.shape[1] - 1)]
+            hidden = torch.where(here[:, None], picked, hidden)
+        return hidden
+
+    def _approx_fill(self, prefixes, cache):
+        """Real prefill of the head and the tail, copies of the head in between (see generate)."""
+        n = len(prefixes[0])
+        head = min(n, APPROX_HEAD)
+        tail = min(n - head, APPROX_TAIL)
+        tokens = torch.tensor(prefixes, device=self.device)
+        hidden = self._prefill([p[:head] for p in prefixes], cache)
+        filled = head
+        while filled < n - tail:  # double the filled range by copying it after itself
+            width = min(filled, n - tail - filled)
+            cache.kv[:, :, :, :, filled : filled + width] = cache.kv[:, :, :, :, :width]
+            filled += width
+        if tail:
+            hidden = self._forward_range(tokens[:, n - tail :], cache, n - tail)[:, -1]
+        return hidden
+
+    # --- one decode step -------------------------------------------------------------------------
+
+    def _spec_step(self, cache, lens, lens_t, hidden, root, out, budget, tree, mask, accept_lengths, touched):
+        b = len(lens)
+        dev = self.device
+        k = self.drafter.config.block
+        vocab = self.target.config.vocab_size
+        with span(STEP):
+            with span("draft"):
+                logp = self.drafter(hidden, root).float().log_softmax(-1)  # [B, K, V]
+                top_lp, top_tok = logp.topk(min(budget, vocab), dim=-1)  # [B, K, R], sorted
+            with span("tree_build"):
+                t = tree_build.BUILDERS[tree](top_lp, budget)
+                nodes = tree_build.node_tokens(t, top_tok)  # [B, N]
+            with span("prepare_for_verify"):
+                vm = verify_mask.BUILDERS[mask](lens_t, t.parents, k)
+                q = budget + 1
+                block_tokens = torch.cat([root[:, None], nodes], 1)  # [B, Q]: root, then nodes
+                depth = torch.cat([torch.zeros(b, 1, dtype=torch.int64, device=dev), t.depths], 1)  # [B, Q]
+                positions = lens_t[:, None] + depth
+                slots = lens_t[:, None] + torch.arange(q, device=dev)
+            with span("verify_forward"):
+                uniform = lens[0] if len(set(lens)) == 1 else None
+                h = self.target.forward(
+                    block_tokens, cache, positions=positions, slots=slots, mask=vm, kv_len=max(lens) + q, uniform_start=uniform
+                )  # [B, Q, D]
+                pred = self.target.head(h).argmax(-1)  # [B, Q] target's next token after each entry
+                moe = self.target.experts_touched()
+            with span("accept"):
+                # A node matches when its token is the target's prediction at its parent; it is
+                # accepted when it and all its ancestors match (the root always does).
+                match = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=dev), nodes == pred.gather(1, t.parents + 1)], 1)
+                accepted = ~(vm.block & ~match[:, None, :]).any(-1)  # [B, Q]
+                reach = torch.where(accepted, depth, -1)  # root has depth 0
+                n_acc, last = reach.max(1)  # [B]: nodes accepted, block index of the deepest
+                bonus = pred.gather(1, last[:, None])[:, 0]
+                # path[d] = block index of the accepted entry at depth d (0: root); spare slots point
+                # at the root and are written beyond the committed length, where nothing reads.
+                path = torch.zeros(b, k + 2, dtype=torch.int64, device=dev)
+                path.scatter_(1, torch.where(accepted, depth, k + 1), torch.arange(q, device=dev).expand(b, q))
+                path = path[:, : k + 1]
+                emitted = torch.cat([n_acc[:, None], bonus[:, None], block_tokens.gather(1, path)], 1)
+                if moe is not None:
+                    emitted = torch.cat([emitted, moe.expand(b)[:, None]], 1)
+                rows = emitted.tolist()  # the step's one device-to-host copy
+                for i, row in enumerate(rows):
+                    n = row[0]
+                    out[i].extend(row[3 : 3 + n] + [row[1]])
+                    lens[i] += 1 + n
+                accept_lengths.append(sum(1 + row[0] for row in rows) / b)
+                if moe is not None:
+                    touched.append(rows[0][-1])
+            with span("kv_commit"):
+                base = lens_t[:, None]
+                cache.move(base + path, base + torch.arange(k + 1, device=dev))
+                lens_t += 1 + n_acc
+                hidden = h[torch.arange(b, device=dev), last]  # [B, D] predicted the bonus token
+        return hidden, bonus
+
+    def _ar_step(self, cache, lens, lens_t, root, out, accept_lengths, touched):
+        b = len(lens)
+        with span(STEP):
+            with span("verify_forward"):
+                uniform = lens[0] if len(set(lens)) == 1 else None
+                pos = lens_t[:, None]
+                h = self.target.forward(
+                    root[:, None], cache, positions=pos, slots=pos, mask=verify_mask.causal_mask(lens_t, 1), kv_len=max(lens) + 1, uniform_start=uniform
+                )
+                nxt = self.target.head(h[:, 0]).argmax(-1)  # [B]
+                moe = self.target.experts_touched()
+            with span("accept"):
+                emitted = nxt[:, None] if moe is None else torch.cat([nxt[:, None], moe.expand(b)[:, None]], 1)
+                rows = emitted.tolist()
+                for i, row in enumerate(rows):
+                    out[i].append(row[0])
+                    lens[i] += 1
+                accept_lengths.append(1.0)
+                if moe is not None:
+                    touched.append(rows[0][-1])
+            with span("kv_commit"):
+                lens_t += 1
+        return nxt

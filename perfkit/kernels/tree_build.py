@@ -1,0 +1,271 @@
+"""Best-first draft tree (DDTree) from the drafter's per-position distributions.
+
+    build_tree_heap(logprobs, budget) -> DraftTree        # reference: per-request heapq on the CPU
+    build_tree_vectorized(logprobs, budget) -> DraftTree  # batched torch, no per-node Python loop
+
+    logprobs: [B, K, R] float, the drafter's top-R log-probabilities at each of K depths, sorted
+              non-increasing along R (as ``torch.topk(..., sorted=True)`` returns them), no NaN.
+              Node = a path of ranks (r_1, ..., r_d); its token at depth i is the rank-r_i token of
+              depth i; its score is the cumulative log-prob l_1[r_1] + ... + l_d[r_d].
+    budget:   N, nodes per request (root excluded); needs N <= R + R^2 + ... + R^K.
+    DraftTree fields, each [B, N], nodes in pop order (a parent always precedes its children):
+        ranks   int64  rank of the node's token within its depth's top-R
+        parents int64  index of the parent node, -1 for children of the root
+        depths  int64  1..K
+        scores  int64  cumulative log-prob in fixed point (units of 2**-20 nats)
+
+Scores are fixed point: each log-prob is clamped at -4096 and rounded to a multiple of 2**-20 nats
+(``fixed_point``), then summed exactly in integers. Both builders, on any device, therefore see the
+same scores, whatever the summation order.
+
+The heap pops the best node, adds it to the tree, and pushes its next sibling (next rank, same
+depth) and its first child (rank 0, next depth), until N nodes are popped. Ties (equal scores) are
+broken by the heap key (-score, depth, parent index, rank), a total order in which a parent precedes
+its children and a sibling its next sibling, so the tree is exactly the first N nodes of that order.
+
+The vectorized builder computes the same order depth by depth. At depth d the best nodes (by
+-score, then parent position at depth d-1, then rank) are children of the best nodes at depth d-1,
+and child (i, r) of the i-th parent can only be among the best N - d + 1 when (i+1)(r+1) <= N - d + 1
+(every (i', r') with i' <= i, r' <= r precedes it), so each depth looks at about N ln N candidates,
+not N * R. Score and tie-break are packed into one unique int64 key (score * 2**20 - candidate
+index), so ``topk`` selects and orders exactly, with no sort and no tie fix-up. A final topk over
+all depths, candidates ordered by (depth, position), gives the pop order (ties: shallower first,
+then position within the depth, which is the heap's parent index and rank).
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from dataclasses import dataclass
+
+import torch
+
+from perfkit.errors import UserError
+
+__all__ = ["DraftTree", "build_tree_heap", "build_tree_vectorized", "node_tokens", "BUILDERS"]
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A batch of draft trees, N nodes per request in pop order; all fields [B, N]."""
+
+    ranks: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    scores: torch.Tensor
+
+    @property
+    def budget(self) -> int:
+        return self.ranks.shape[1]
+
+
+def _check(logprobs: torch.Tensor, budget: int) -> tuple[int, int, int]:
+    if logprobs.dim() != 3:
+        raise UserError(f"logprobs must be [batch, depth, rank], got shape {tuple(logprobs.shape)}")
+    b, k, r = logprobs.shape
+    if budget < 1:
+        raise UserError(f"tree budget must be >= 1, got {budget}")
+    reachable, layer = 0, 1
+    for _ in range(k):
+        layer *= r
+        reachable += layer
+        if reachable >= budget:
+            break
+    if reachable < budget:
+        raise UserError(f"budget {budget} exceeds the {reachable} nodes a depth-{k}, top-{r} tree can hold")
+    return b, k, r
+
+
+FIXED_POINT_BITS = 20  # log-probs in units of 2**-20 nats
+LOGPROB_FLOOR = -4096.0  # -inf and anything below is clamped here
+_INDEX_BITS = 20  # candidate index packed under the score in a selection key
+
+
+def fixed_point(logprobs: torch.Tensor) -> torch.Tensor:
+    """int64 log-probs in units of 2**-20 nats; the one rounding both builders share."""
+    scaled = logprobs.detach().to(torch.float64).clamp(min=LOGPROB_FLOOR) * float(1 << FIXED_POINT_BITS)
+    return scaled.round().to(torch.int64)
+
+
+def node_tokens(tree: DraftTree, top_tokens: torch.Tensor) -> torch.Tensor:
+    """Token ids [B, N] of the tree's nodes, given the top-R token ids [B, K, R] behind logprobs."""
+    b, k, r = top_tokens.shape
+    flat = (tree.depths - 1) * r + tree.ranks  # [B, N] index into [B, K * R]
+    return top_tokens.reshape(b, k * r).gather(1, flat)
+
+
+# --- reference: heapq per request -----------------------------------------------------------------
+
+
+def build_tree_heap(logprobs: torch.Tensor, budget: int) -> DraftTree:
+    """Per-request Python heap on the CPU, as the real systems do (includes the copy to the host)."""
+    b, k, r = _check(logprobs, budget)
+    rows_all = fixed_point(logprobs).cpu().tolist()  # [B][K][R] Python ints
+    ranks, parents, depths, scores = [], [], [], []
+    for rows in rows_all:
+        # entry: (-score, depth, parent index, rank, parent score); the first four are unique.
+        heap = [(-rows[0][0], 1, -1, 0, 0)]
+        t_rank, t_parent, t_depth, t_score = [], [], [], []
+        while len(t_rank) < budget:
+            neg, depth, parent, rank, parent_score = heapq.heappop(heap)
+            index = len(t_rank)
+            score = -neg
+            t_rank.append(rank)
+            t_parent.append(parent)
+            t_depth.append(depth)
+            t_score.append(score)
+            if rank + 1 < r:
+                heapq.heappush(heap, (-(parent_score + rows[depth - 1][rank + 1]), depth, parent, rank + 1, parent_score))
+            if depth < k:
+                heapq.heappush(heap, (-(score + rows[depth][0]), depth + 1, index, 0, score))
+        ranks.append(t_rank)
+        parents.append(t_parent)
+        depths.append(t_depth)
+        scores.append(t_score)
+    dev = logprobs.device
+    return DraftTree(
+        ranks=torch.tensor(ranks, dtype=torch.int64, device=dev),
+        parents=torch.tensor(parents, dtype=torch.int64, device=dev),
+        depths=torch.tensor(depths, dtype=torch.int64, device=dev),
+        scores=torch.tensor(scores, dtype=torch.int64, device=dev),
+    )
+
+
+# --- fast: depth by depth, batched ------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(budget: int, depth: int, ranks: int) -> tuple[tuple[tuple[int, ...], tuple[int, ...], int], ...]:
+    """Per depth d >= 2: candidate (parent position, rank) lists, ordered by (position, rank), and
+    how many nodes the depth keeps. Depends only on the shapes, so it is computed once.
+
+    A depth-d node has d - 1 ancestors in the tree, so depth d never needs more than budget - d + 1.
+    """
+    plan = []
+    kept = min(budget, ranks)  # depth 1 keeps ranks 0..kept-1
+    for d in range(2, depth + 1):
+        need = budget - d + 1
+        pos, rank = [], []
+        for i in range(min(kept, need)):
+            for r in range(min(ranks, need // (i + 1))):
+                pos.append(i)
+                rank.append(r)
+        if not pos:
+            break
+        kept = min(need, len(pos))
+        plan.append((tuple(pos), tuple(rank), kept))
+    return tuple(plan)
+
+
+_plan_tensors: dict = {}
+_LOW = (1 << _INDEX_BITS) - 1  # the tie-break bits of a key
+
+
+def _plan_on(budget: int, depth: int, ranks: int, device):
+    """The plan as device tensors, built once per shape and device (see ``_plan``).
+
+    Returns (levels, q_index, tie, table_pos, table_rank, widths): per depth >= 2 (pos [C], kept);
+    q_index [sum C], the flat index (d * R + rank) of every candidate's log-prob, all depths
+    concatenated; tie [sum C], minus each candidate's index within its depth; table_pos and
+    table_rank, the parent position and rank of every candidate of every depth (depth 1 first).
+    """
+    key = (budget, depth, ranks, str(device))
+    got = _plan_tensors.get(key)
+    if got is None:
+        plan = _plan(budget, depth, ranks)
+        first = min(budget, ranks)
+        q_index, tie = [], []
+        for d, (p, r, _) in enumerate(plan, start=1):
+            q_index += [d * ranks + x for x in r]
+            tie += [-i for i in range(len(p))]
+        table_pos = [-1] * first + [x for p, _, _ in plan for x in p]
+        table_rank = list(range(first)) + [x for _, r, _ in plan for x in r]
+        t = functools.partial(torch.tensor, dtype=torch.int64, device=device)
+        got = (
+            [(t(p), kept) for p, _, kept in plan],
+            t(q_index),
+            t(tie),
+            t(table_pos),
+            t(table_rank),
+            [first] + [kept for _, _, kept in plan],
+            [first] + [len(p) for p, _, _ in plan],
+        )
+        if len(_plan_tensors) > 64:
+            _plan_tensors.clear()
+        _plan_tensors[key] = got
+    return got
+
+
+def build_tree_vectorized(logprobs: torch.Tensor, budget: int) -> DraftTree:
+    """Same trees as :func:`build_tree_heap`, as K small batched top-k selections on the logprobs'
+    device. No host synchronisation."""
+    b, k, r = _check(logprobs, budget)
+    dev = logprobs.device
+    n = budget
+    levels, q_index, tie, table_pos, table_rank, widths, sizes = _plan_on(n, k, r, dev)
+    q = fixed_point(logprobs)  # [B, K, R]
+    # Keys: score << 20 in the high bits, minus the candidate's index in the low bits, so that the
+    # larger key is the earlier node and every key of a depth is distinct.
+    q_keys = (q.reshape(b, k * r)[:, q_index] << _INDEX_BITS) + tie  # [B, sum C] all depths at once
+    score = q[:, 0, : widths[0]] << _INDEX_BITS  # [B, P] depth-1 scores (shifted), in order
+    level_scores = [score]
+    level_picks = [torch.arange(widths[0], device=dev).expand(b, widths[0])]
+    start = 0
+    for pos, kept in levels:
+        c = pos.shape[0]
+        key = score.gather(1, pos.expand(b, c)) + q_keys[:, start : start + c]  # [B, C]
+        start += c
+        top, pick = torch.topk(key, kept, dim=1)  # [B, kept], best first
+        score = (top + _LOW) & ~_LOW  # drop the tie-break bits: the shifted score
+        level_scores.append(score)
+        level_picks.append(pick)
+
+    # Merge the depths: flat slots ordered by (depth, position), so equal scores go shallow first.
+    all_scores = torch.cat(level_scores, 1)  # [B, W], shifted
+    w = all_scores.shape[1]
+    slot_tie = _slot_tie(widths, sizes, dev)
+    top, order = torch.topk(all_scores + slot_tie[0], n, dim=1)  # [B, n] flat slot, in pop order
+    depth0 = slot_tie[1][order]  # [B, n] 0-based depth
+    cand = (torch.cat(level_picks, 1) + slot_tie[2]).gather(1, order)  # [B, n] row of the tables
+    # Tree index of every flat slot, then look parents up in it.
+    where = torch.empty((b, w), dtype=torch.int64, device=dev)
+    where.scatter_(1, order, torch.arange(n, device=dev).expand(b, n))
+    parent_slot = (slot_tie[3][depth0] + table_pos[cand]).clamp(min=0)
+    parents = torch.where(depth0 > 0, where.gather(1, parent_slot), -1)
+    return DraftTree(
+        ranks=table_rank[cand],
+        parents=parents,
+        depths=depth0 + 1,
+        scores=(top + _LOW) >> _INDEX_BITS,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _slot_tie_cached(widths: tuple, sizes: tuple, device: str):
+    w = sum(widths)
+    slot_depth, table_offset, prev_start = [], [], []
+    slot_start, cand_start = 0, 0
+    starts = []
+    for d, (width, size) in enumerate(zip(widths, sizes)):
+        starts.append(slot_start)
+        slot_depth += [d] * width
+        table_offset += [cand_start] * width
+        slot_start += width
+        cand_start += size
+    prev = [0] + starts[:-1]  # slot offset of the previous depth (parents live there)
+    return (
+        -torch.arange(w, device=device),  # tie-break: earlier slot first
+        torch.tensor(slot_depth, dtype=torch.int64, device=device),
+        torch.tensor(table_offset, dtype=torch.int64, device=device),
+        torch.tensor(prev, dtype=torch.int64, device=device),
+    )
+
+
+def _slot_tie(widths, sizes, device):
+    """Per flat slot: -slot (tie-break), its depth, its depth's offset into the candidate tables;
+    and per depth the slot offset of the depth above."""
+    return _slot_tie_cached(tuple(widths), tuple(sizes), str(device))
+
+
+BUILDERS = {"heap": build_tree_heap, "vectorized": build_tree_vectorized}

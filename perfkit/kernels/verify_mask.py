@@ -1,0 +1,90 @@
+"""prepare_for_verify: the attention mask of the tree-verify forward, two ways.
+
+    prepare_for_verify_naive(seq_lens, parents, max_depth) -> VerifyMask    # O(B * Q * context)
+    prepare_for_verify_compact(seq_lens, parents, max_depth) -> VerifyMask  # O(B * Q^2)
+
+    seq_lens:  [B] int64, committed cache length of each request (the tree's K/V go after it)
+    parents:   [B, N] int64, parent node index of each tree node, -1 for children of the root,
+               parents before children (a DraftTree's ``parents``)
+    max_depth: int, the deepest a node can be (the drafter's block size); bounds the loop below
+    The verify block is Q = N + 1 tokens: the root (the last committed-but-uncached token) at
+    index 0, then node j at index j + 1. Query i may see every prefix slot, and block entry j when
+    j is i or an ancestor of i.
+
+The naive builder is the one in SGLang's DFlash/DDTree path: a Python loop over requests with
+``seq_lens.tolist()``, ``torch.arange`` over each prefix, a Q x (prefix + Q) block per request,
+flattened row-major and concatenated: sum_b Q * (L_b + Q) booleans, growing with context.
+The compact builder writes only the Q x Q ancestor block; the prefix stays implicit in seq_lens.
+``perfkit.kernels.verify_attention`` consumes either and gives identical attention outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["VerifyMask", "ancestors", "causal_mask", "prepare_for_verify_naive", "prepare_for_verify_compact", "BUILDERS"]
+
+
+@dataclass(frozen=True)
+class VerifyMask:
+    """A verify mask in one of two layouts.
+
+    kind "compact": ``data`` [B, Q, Q] bool, block visibility; prefix implicit.
+    kind "naive": ``data`` [sum_b Q * (L_b + Q)] bool, per request Q rows of (L_b + Q) columns,
+    row-major, requests concatenated.
+    """
+
+    kind: str
+    seq_lens: torch.Tensor  # [B] int64
+    q_len: int
+    data: torch.Tensor
+    block: torch.Tensor  # [B, Q, Q] bool, the visibility block either way (acceptance walks it)
+
+
+def ancestors(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """[B, Q, Q] bool: block entry j visible to query i (j == i or j an ancestor of i), Q = N + 1.
+
+    Walks every node up one level per iteration, ``max_depth`` iterations, all nodes at once.
+    """
+    b, n = parents.shape
+    q = n + 1
+    dev = parents.device
+    # Parent of every block index, root at 0 being its own parent: [B, Q].
+    up = torch.cat([torch.zeros(b, 1, dtype=torch.int64, device=dev), parents + 1], dim=1)
+    visible = torch.eye(q, dtype=torch.bool, device=dev).repeat(b, 1, 1)  # [B, Q, Q]
+    cur = up
+    for _ in range(max_depth):
+        visible.scatter_(2, cur[:, :, None], True)
+        cur = up.gather(1, cur)
+    return visible
+
+
+def causal_mask(seq_lens: torch.Tensor, q_len: int) -> VerifyMask:
+    """Compact mask of a plain causal block (prefill chunks, autoregressive steps)."""
+    b = seq_lens.shape[0]
+    block = torch.ones(q_len, q_len, dtype=torch.bool, device=seq_lens.device).tril_().expand(b, q_len, q_len)
+    return VerifyMask(kind="compact", seq_lens=seq_lens, q_len=q_len, data=block, block=block)
+
+
+def prepare_for_verify_compact(seq_lens: torch.Tensor, parents: torch.Tensor, max_depth: int) -> VerifyMask:
+    """The Q x Q ancestor block only; no work proportional to the context."""
+    block = ancestors(parents, max_depth)
+    return VerifyMask(kind="compact", seq_lens=seq_lens, q_len=block.shape[1], data=block, block=block)
+
+
+def prepare_for_verify_naive(seq_lens: torch.Tensor, parents: torch.Tensor, max_depth: int) -> VerifyMask:
+    """Per request, a full Q x (prefix + Q) mask, flattened and concatenated (SGLang style)."""
+    block = ancestors(parents, max_depth)
+    q = block.shape[1]
+    dev = seq_lens.device
+    pieces = []
+    for i, prefix_len in enumerate(seq_lens.tolist()):
+        prefix = torch.arange(prefix_len, device=dev) < prefix_len  # [L] every prefix slot visible
+        rows = torch.cat([prefix[None, :].expand(q, prefix_len), block[i]], dim=1)  # [Q, L + Q]
+        pieces.append(rows.flatten())
+    return VerifyMask(kind="naive", seq_lens=seq_lens, q_len=q, data=torch.cat(pieces), block=block)
+
+
+BUILDERS = {"naive": prepare_for_verify_naive, "compact": prepare_for_verify_compact}
