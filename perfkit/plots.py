@@ -28,7 +28,7 @@ _PHASE_COLORS = ("#9ecae1", "#a1d99b", "#fdae6b", "#bcbddc", "#fdd0a2", "#c7e9c0
 _CLAIMED = "#1565c0"
 
 
-def _figure(width: float = 6.4, height: float = 3.4):
+def _figure(width: float = 6.4, height: float = 3.6):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -125,7 +125,9 @@ def _share_plot(fig, h: Hypothesis, j: Judgement, points: list[Point]) -> None:
 
 def _scaling_plot(fig, h: Hypothesis, j: Judgement) -> None:
     e = h.expect
-    ax = fig.add_axes((0.1, 0.16, 0.6, 0.62))
+    from matplotlib.ticker import LogFormatter
+
+    ax = fig.add_axes((0.13, 0.16, 0.55, 0.62))
     xs, means, lows, highs = [], [], [], []
     for p in j.used:
         est = stats.mean_interval(list(p.record.samples), seed=stats.seed_for(p.record.name))
@@ -145,8 +147,12 @@ def _scaling_plot(fig, h: Hypothesis, j: Judgement) -> None:
             label=f"fitted k = {units.format_number(fitted)} [{units.format_number(j.measured.low)}, {units.format_number(j.measured.high)}]")
     ax.plot(span, [anchor_y * (x / anchor_x) ** e.exponent for x in span], color=_CLAIMED, linestyle="--",
             label=f"expected k = {units.format_number(e.exponent)} ± {units.format_number(e.tolerance)}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+        axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+    ax.tick_params(labelsize=7, which="both")
     ax.set_xlabel(e.over)
-    ax.set_ylabel(f"{e.metric} [{unit}]")
+    ax.set_ylabel(f"{e.metric} [{unit}]", fontsize=8)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
 
 

@@ -146,7 +146,7 @@ def ratio_text(measured: float, expected: float, what: str) -> str:
         return f"{units.format_number(abs(diff))} {'above' if diff >= 0 else 'below'} {what}"
     ratio = measured / expected
     if 1 / 1.1 < ratio < 1.1:
-        return f"{abs(ratio - 1):.0%} {'above' if ratio >= 1 else 'below'} {what}"
+        return f"{units.format_number(abs(ratio - 1) * 100, 2)}% {'above' if ratio >= 1 else 'below'} {what}"
     if ratio >= 1:
         return f"{units.format_factor(ratio)} above {what}"
     return f"{units.format_factor(1 / ratio)} below {what}"
@@ -220,12 +220,13 @@ def _range_text(at_least: float | None, at_most: float | None, fmt) -> str:
 
 
 def _off_range(value: float, at_least: float | None, at_most: float | None, fmt, what: str) -> str:
-    if at_least is not None and value < at_least:
-        return ratio_text(value, at_least, f"the claimed {what} {fmt(at_least)}")
-    if at_most is not None and value > at_most:
-        return ratio_text(value, at_most, f"the claimed {what} {fmt(at_most)}")
-    edge = at_least if at_least is not None else at_most
-    return f"{'within' if edge is not None else 'at'} the claimed range ({ratio_text(value, edge, f'the edge {fmt(edge)}')})"
+    """How far a ratio is from the claimed minimum or maximum (the nearer one when both are given)."""
+    use_min = at_least is not None and (
+        at_most is None or value < at_least or (value <= at_most and value / at_least < at_most / value)
+    )
+    if use_min:
+        return ratio_text(value, at_least, f"the claimed minimum {what} {fmt(at_least)}")
+    return ratio_text(value, at_most, f"the claimed maximum {what} {fmt(at_most)}")
 
 
 def _pct(value: float) -> str:

@@ -1,0 +1,66 @@
+import json
+import sys
+import types
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from perfkit import runner
+from perfkit.cli import main
+from perfkit.execute import ensure_kernelspec
+
+FIXTURE_NOTEBOOK = Path(__file__).parent / "fixtures" / "project" / "notebooks" / "fixture_probe.ipynb"
+
+
+@pytest.mark.parametrize("command, module", [("engine", "perfkit.engine.cli"), ("env", "perfkit.machine"),
+                                             ("gpu-check", "perfkit.gpucheck")])
+def test_delegated_commands_get_their_arguments_untouched(monkeypatch, command, module):
+    seen = []
+    fake = types.ModuleType(module)
+    fake.main = lambda argv: seen.append(argv) or 3
+    monkeypatch.setitem(sys.modules, module, fake)
+    assert main([command, "bench", "--ctx", "32768", "--help"]) == 3
+    assert seen == [["bench", "--ctx", "32768", "--help"]]
+    assert main(["--root", "/nowhere", command]) == 3
+
+
+def test_user_errors_print_without_traceback(tmp_path, capsys):
+    assert main(["--root", str(tmp_path), "validate"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("perfkit: ") and "no hypotheses/ directory" in err and "Traceback" not in err
+
+
+def test_overrides_are_read_as_yaml():
+    assert runner.parse_overrides(["ctx=4096", "scale=0.5", "name=abc", "flag=true"]) == {
+        "ctx": 4096, "scale": 0.5, "name": "abc", "flag": True}
+    with pytest.raises(Exception, match="NAME=VALUE"):
+        runner.parse_overrides(["ctx"])
+
+
+def test_kernelspec_points_at_this_interpreter(tmp_path):
+    ensure_kernelspec(tmp_path)
+    spec = json.loads((tmp_path / "kernels" / "perfkit" / "kernel.json").read_text())
+    assert spec["argv"][0] == sys.executable and "{connection_file}" in spec["argv"]
+
+
+def test_profile_cells_are_injected_after_parameters_and_at_the_end(tmp_path):
+    out = runner._profiled_notebook(FIXTURE_NOTEBOOK, tmp_path / "input.ipynb", "/x/torch_trace.json")
+    nb = nbformat.read(str(out), as_version=4)
+    tags = [c.metadata.get("tags", []) for c in nb.cells]
+    index = next(i for i, t in enumerate(tags) if "parameters" in t)
+    assert tags[index + 1] == [runner.INJECTED_TAG] and "perfkit.profiler.start('/x/torch_trace.json')" in nb.cells[index + 1].source
+    assert tags[-1] == [runner.INJECTED_TAG] and nb.cells[-1].source == "perfkit.profiler.stop()"
+
+
+def test_import_perfkit_is_cheap_and_public_names_resolve():
+    import subprocess
+
+    code = (
+        "import sys, perfkit, perfkit.probe\n"
+        "assert callable(perfkit.record) and callable(perfkit.record_breakdown) and perfkit.load_hypotheses\n"
+        "assert perfkit.Verdict.REFUTED.value == 'refuted'\n"
+        "heavy = [m for m in ('torch', 'matplotlib', 'papermill') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

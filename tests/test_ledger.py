@@ -1,0 +1,93 @@
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from perfkit import ledger, results
+from perfkit.cli import main
+from perfkit.hypothesis import load_hypotheses
+from perfkit.paths import Project
+from perfkit.results import HypothesisResult, Measured, RunResults
+
+FIXTURES = Path(__file__).parent / "fixtures" / "project"
+
+
+@pytest.fixture
+def project(tmp_path) -> Project:
+    (tmp_path / "hypotheses").mkdir()
+    shutil.copytree(FIXTURES / "notebooks", tmp_path / "notebooks")
+    for name in ("fx-cost-confirmed", "fx-share"):
+        shutil.copy(FIXTURES / "hypotheses" / f"{name}.yaml", tmp_path / "hypotheses")
+    return Project(tmp_path)
+
+
+def result(h, verdict, value, run_id) -> HypothesisResult:
+    return HypothesisResult(
+        id=h.id, hash=h.hash, claim=h.claim, kind=h.expect.kind, expected="≈ 1 ms (×2)", verdict=verdict, reason=None,
+        measured=Measured(label="mean", unit="ms", value=value, low=value * 0.9, high=value * 1.1),
+        off_by=f"{value}x off", plot=f"plots/{h.id}.png",
+    )
+
+
+def store(project, run_id, entries):
+    results.write_results(project, RunResults(run_id=run_id, created="2025-01-01T00:00:00Z", command="perfkit run",
+                                              quick=True, git_commit=None, git_dirty=None, hypotheses=tuple(entries)))
+    for e in entries:
+        (project.plots_dir).mkdir(parents=True, exist_ok=True)
+        (project.ledger_dir / e.plot).write_bytes(b"png")
+
+
+def test_ledger_is_sorted_deterministic_and_marks_flips(project, capsys):
+    by_id = {h.id: h for h in load_hypotheses(project)}
+    store(project, "20250102-000000", [result(by_id["fx-share"], "confirmed", 1.0, "2"),
+                                       result(by_id["fx-cost-confirmed"], "refuted", 9.0, "2")])
+    store(project, "20250101-000000", [result(by_id["fx-cost-confirmed"], "confirmed", 1.0, "1")])
+    assert main(["--root", str(project.root), "ledger"]) == 0
+    first = project.ledger_path.read_bytes()
+    assert main(["--root", str(project.root), "ledger"]) == 0
+    assert project.ledger_path.read_bytes() == first
+    text = first.decode()
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert [r.split("`")[1] for r in rows] == ["fx-cost-confirmed", "fx-share"]
+    assert "| **refuted** | 9.0x off | 20250102-000000 | [plot](ledger/plots/fx-cost-confirmed.png) |" in rows[0]
+    assert "| 20250102-000000 | refuted | 9 ms [8.1, 9.9] | **flip** (was confirmed) |" in text
+    assert "| 20250101-000000 | confirmed | 1 ms [0.9, 1.1] |  |" in text
+
+
+def test_check_passes_then_fails_when_a_hypothesis_changes(project, capsys):
+    by_id = {h.id: h for h in load_hypotheses(project)}
+    store(project, "20250101-000000", [result(h, "confirmed", 1.0, "1") for h in by_id.values()])
+    ledger.write(project)
+    assert main(["--root", str(project.root), "ledger", "--check"]) == 0
+    path = project.hypotheses_dir / "fx-share.yaml"
+    path.write_text(path.read_text().replace("at_least: 0.5", "at_least: 0.6"))
+    capsys.readouterr()
+    assert main(["--root", str(project.root), "ledger", "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "fx-share: stale: hypotheses/fx-share.yaml changed since its last verdict (run 20250101-000000)" in out
+    assert "fx-cost-confirmed" not in out
+
+
+def test_check_fails_when_the_ledger_is_edited_or_a_hypothesis_was_never_judged(project, capsys):
+    by_id = {h.id: h for h in load_hypotheses(project)}
+    store(project, "20250101-000000", [result(by_id["fx-share"], "confirmed", 1.0, "1")])
+    ledger.write(project)
+    problems, _ = ledger.check(project)
+    assert problems == ["fx-cost-confirmed: never judged; run `perfkit run fx-cost-confirmed`"]
+    project.ledger_path.write_text(project.ledger_path.read_text() + "edited\n")
+    problems, _ = ledger.check(project)
+    assert any("LEDGER.md is out of date" in p for p in problems)
+
+
+def test_show_prints_record_evidence_and_history(project, capsys):
+    by_id = {h.id: h for h in load_hypotheses(project)}
+    h = by_id["fx-share"]
+    store(project, "20250101-000000", [result(h, "confirmed", 1.0, "1")])
+    store(project, "20250102-000000", [replace(result(h, "refuted", 3.0, "2"), hash="changed")])
+    assert main(["--root", str(project.root), "show", "fx-share"]) == 0
+    out = capsys.readouterr().out
+    assert "claim: The verify forward is at least half of the step." in out
+    assert "latest verdict (run 20250102-000000)  [STALE" in out
+    assert "20250102-000000  refuted" in out and "FLIP (was confirmed)" in out
+    assert main(["--root", str(project.root), "show", "nope"]) == 2

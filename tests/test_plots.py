@@ -1,0 +1,46 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perfkit.hypothesis import Expect, Hypothesis, Probe, Sweep
+from perfkit.plots import plot_verdict
+from perfkit.results import ExecutionRecord, MetricRecord
+from perfkit.verdict import effective_points, judge
+
+
+def case(expect, records_by_params, sweep=None):
+    h = Hypothesis(id="h", claim="c", rationale="r", expect=expect, probe=Probe(notebook="p.ipynb", sweep=sweep),
+                   tags=(), path=Path("h.yaml"), hash="0")
+    executions = [ExecutionRecord(key=str(i), notebook="p.ipynb", params=params, status="ok", wall_s=1.0, run_id="r",
+                                  records=tuple(records)) for i, (params, records) in enumerate(records_by_params)]
+    return h, judge(h, executions), effective_points(executions, sweep.param if sweep else None)
+
+
+def noisy(name, mean, unit="ms", n=20, seed=0):
+    rng = np.random.default_rng(seed)
+    return MetricRecord(name=name, unit=unit, samples=tuple(float(x) for x in mean * (1 + 0.05 * rng.standard_normal(n))))
+
+
+CASES = {
+    "cost": lambda: case(Expect(kind="cost", metric="m", unit="ms", value=200.0, factor=3.0), [({}, [noisy("m", 0.18)])]),
+    "at_least": lambda: case(Expect(kind="at_least", metric="m", unit="tok/s", value=5.0),
+                             [({}, [noisy("m", 5.2, unit="tok/s")])]),
+    "share-plain": lambda: case(Expect(kind="share", metric="a", of="b", at_most=0.1),
+                                [({}, [noisy("a", 1.0), noisy("b", 4.0, seed=1)])]),
+    "scaling": lambda: case(Expect(kind="scaling", metric="m", over="ctx", exponent=1.0, tolerance=0.25),
+                            [({"ctx": c}, [noisy("m", c * 1e-3, seed=c)]) for c in (1024, 4096, 16384)],
+                            sweep=Sweep(param="ctx", values=(1024, 4096, 16384))),
+    "speedup": lambda: case(Expect(kind="speedup", baseline="slow", candidate="fast", at_least=100.0),
+                            [({}, [noisy("slow", 47.0), noisy("fast", 0.1, seed=2)])]),
+    "no-data": lambda: case(Expect(kind="cost", metric="m", unit="ms", value=1.0, factor=2.0), [({}, [])]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_kind_plots_and_the_bytes_are_reproducible(tmp_path, name):
+    h, j, points = CASES[name]()
+    first = plot_verdict(h, j, points, tmp_path / "a.png").read_bytes()
+    second = plot_verdict(h, j, points, tmp_path / "b.png").read_bytes()
+    assert first.startswith(b"\x89PNG") and first == second
+    assert len(first) < 80_000  # small enough to commit next to the ledger

@@ -1,0 +1,89 @@
+import json
+import math
+
+import pytest
+
+from perfkit import results
+from perfkit.errors import RecordError
+from perfkit.paths import Project
+from perfkit.results import (
+    ExecutionRecord, ExecutionRef, Floor, HypothesisResult, Measured, MetricRecord, MetricSummary, RunResults,
+)
+
+
+def sample_results(run_id="20250101-000000") -> RunResults:
+    return RunResults(
+        run_id=run_id, created="2025-01-01T00:00:00Z", command="perfkit run --all", quick=True,
+        git_commit="abc", git_dirty=False,
+        hypotheses=(
+            HypothesisResult(
+                id="h", hash="123", claim="c", kind="cost", expected="≈ 200 ms (×3)", verdict="refuted", reason=None,
+                measured=Measured(label="mean", unit="ms", value=0.18, low=0.16, high=0.21),
+                off_by="1,100x below the expected 200 ms", floor=Floor(metric="f", value=1.0, unit="ms", note="n"),
+                plot="plots/h.png", warnings=("w",),
+                metrics=(MetricSummary(name="m", unit="ms", at={"ctx": 1}, n=3, mean=None, low=None, high=None, std=math.nan),),
+                executions=(ExecutionRef(key="k", notebook="p.ipynb", params={"ctx": 1}, status="ok", run_id=run_id,
+                                         cached=False, wall_s=2.5),),
+            ),
+        ),
+    )
+
+
+def test_run_results_round_trip(tmp_path):
+    project = Project(tmp_path)
+    original = sample_results()
+    path = results.write_results(project, original)
+    text = path.read_text()
+    assert json.loads(text)["format_version"] == results.FORMAT_VERSION
+    assert '"std": "nan"' in text  # strict JSON: NaN travels as a string
+    (loaded,) = results.load_all_results(project)
+    assert loaded.hypotheses[0].metrics[0].std != loaded.hypotheses[0].metrics[0].std  # NaN back
+    assert loaded.hypotheses[0].measured == original.hypotheses[0].measured
+    assert loaded.hypotheses[0].floor == original.hypotheses[0].floor
+    assert loaded.hypotheses[0].executions == original.hypotheses[0].executions
+    assert results.dumps(loaded.to_json()) == text
+
+
+def test_execution_round_trip(tmp_path):
+    record = ExecutionRecord(key="k", notebook="p.ipynb", params={"n": 1}, status="timeout", wall_s=3.0, run_id="r",
+                             reason="timed out after 1 s in cell 3", cell_index=3,
+                             records=(MetricRecord(name="t", unit="ms", samples=(1.0, math.inf), at={"n": 1}),))
+    results.write_execution(tmp_path / "execution.json", record)
+    back = results.read_execution(tmp_path / "execution.json")
+    assert back == record
+
+
+def test_newer_format_is_refused_and_older_is_upgraded(tmp_path, monkeypatch):
+    project = Project(tmp_path)
+    path = results.write_results(project, sample_results())
+    data = json.loads(path.read_text())
+    data["format_version"] = results.FORMAT_VERSION + 1
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError, match="newer than this perfkit"):
+        results.load_all_results(project)
+
+    # a format history entry: version 0 called the verdict "outcome"
+    def upgrade_0(old):
+        for h in old["hypotheses"]:
+            h["verdict"] = h.pop("outcome")
+        return old
+
+    monkeypatch.setitem(results.UPGRADES, 0, upgrade_0)
+    monkeypatch.setattr(results, "FORMAT_VERSION", 1)
+    data["format_version"] = 0
+    data["hypotheses"][0]["outcome"] = data["hypotheses"][0].pop("verdict")
+    path.write_text(json.dumps(data))
+    (loaded,) = results.load_all_results(project)
+    assert loaded.hypotheses[0].verdict == "refuted"
+
+
+def test_malformed_results_name_the_file_and_field(tmp_path):
+    project = Project(tmp_path)
+    path = results.write_results(project, sample_results())
+    data = json.loads(path.read_text())
+    data["hypotheses"][0]["verdict"] = "maybe"
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError) as caught:
+        results.load_all_results(project)
+    assert caught.value.field == "hypotheses[0].verdict"
+    assert caught.value.path.endswith("20250101-000000.json")

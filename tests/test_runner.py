@@ -1,0 +1,158 @@
+"""End to end: real papermill executions of the fixture probe, in a copy of the fixture project.
+
+The executions are shared by every test in this module (kernel start-up is seconds each).
+"""
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from perfkit import ledger, runner
+from perfkit.cli import main
+from perfkit.errors import UserError
+from perfkit.paths import Project
+
+FIXTURES = Path(__file__).parent / "fixtures" / "project"
+ROOT = Path(__file__).resolve().parents[1]
+OK = ["fx-cost-confirmed", "fx-cost-refuted", "fx-floor", "fx-scaling", "fx-share", "fx-speedup"]
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory):
+    root = tmp_path_factory.mktemp("project")
+    shutil.copytree(FIXTURES / "hypotheses", root / "hypotheses")
+    shutil.copytree(FIXTURES / "notebooks", root / "notebooks")
+    project = Project(root)
+    lines: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        # other people edit perfkit while tests run; the cache key must not move under this module
+        mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
+        report = runner.run(project, all_hypotheses=True, quick=True, jobs=2, timeout_s=15, out=lines.append)
+    return project, report, lines
+
+
+def rerun(project, **kwargs):
+    lines: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
+        report = runner.run(project, quick=True, out=lines.append, **kwargs)
+    return report, lines
+
+
+def verdicts(report):
+    return {h.id: (h.verdict, h.reason) for h in report.results.hypotheses}
+
+
+def test_every_failure_mode_gets_its_verdict_and_the_rest_completes(first):
+    project, report, lines = first
+    got = verdicts(report)
+    assert got["fx-raises"][0] == "error"
+    assert got["fx-raises"][1].startswith("fixture_probe.ipynb cell 4 (`if mode == \"raise\":`): ValueError: probe failed on purpose")
+    assert got["fx-dies"] == ("error", "kernel died in cell 6 (`if mode == \"die\":`)")
+    assert got["fx-sleeps"] == ("error", "timed out after 15 s in cell 5 (`if mode == \"sleep\":`)")
+    assert got["fx-silent"] == ("inconclusive", "probe recorded no samples for work")
+    assert {k: v[0] for k, v in got.items() if k in OK} == {
+        "fx-cost-confirmed": "confirmed", "fx-cost-refuted": "refuted", "fx-floor": "confirmed",
+        "fx-scaling": "confirmed", "fx-share": "confirmed", "fx-speedup": "confirmed",
+    }
+    refuted = next(h for h in report.results.hypotheses if h.id == "fx-cost-refuted")
+    assert refuted.off_by == "200x below the expected 0.2 s"
+    assert report.exit_code == 1  # error verdicts make the run fail loudly
+    assert report.executed == 6 and report.reused == 0  # 10 hypotheses, 6 distinct executions
+
+
+def test_progress_lines_and_evidence_are_kept(first):
+    project, report, lines = first
+    assert sum(1 for line in lines if " start    fixture_probe.ipynb" in line) == 6
+    assert any("finished fixture_probe.ipynb mode=sleep" in line and "TIMEOUT" in line for line in lines)
+    run_dir = project.runs_dir / report.run_id
+    executions = [json.loads(p.read_text()) for p in run_dir.glob("executions/*/execution.json")]
+    assert len(executions) == 6
+    sleeper = next(e for e in executions if e["params"] == {"mode": "sleep"})
+    partial = nbformat.read(str(run_dir / "executions" / sleeper["key"] / "executed.ipynb"), as_version=4)
+    assert partial.cells[5].metadata.papermill.status == "running"  # the partial notebook, as it was
+    raiser = next(e for e in executions if e["params"] == {"mode": "raise"})
+    assert "probe failed on purpose" in (run_dir / "executions" / raiser["key"] / "traceback.txt").read_text()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "finished"
+    assert set(manifest["versions"]) >= {"python", "torch", "papermill"}
+    assert "commit" in manifest["git"] and "dirty" in manifest["git"]
+    assert manifest["environment"]
+    assert all(e["wall_s"] > 0 for e in manifest["executions"])
+    for h in report.results.hypotheses:
+        assert (project.plots_dir / f"{h.id}.png").read_bytes().startswith(b"\x89PNG")
+        assert (run_dir / "plots" / f"{h.id}.png").is_file()
+
+
+def test_utilization_trace_per_execution(first):
+    project, report, _ = first
+    run_dir = project.runs_dir / report.run_id
+    utilization, why = runner._optional("perfkit.utilization")
+    if utilization is None:
+        pytest.skip(why)
+    for exec_dir in (run_dir / "executions").iterdir():
+        assert (exec_dir / "utilization.json").is_file() and (exec_dir / "utilization.png").is_file()
+
+
+def test_ledger_check_passes_after_the_run(first, capsys):
+    project, _, _ = first
+    assert main(["--root", str(project.root), "ledger", "--check"]) == 0
+    text = project.ledger_path.read_text()
+    assert "| `fx-cost-refuted` |" in text and "200x below the expected 0.2 s" in text
+    assert "timed out after 15 s in cell 5" in text
+
+
+def test_second_run_reuses_every_execution_and_force_reexecutes(first):
+    project, report, _ = first
+    started = time.monotonic()
+    again, lines = rerun(project, ids=OK)
+    reused_wall = time.monotonic() - started
+    assert again.executed == 0 and again.reused == 2  # n=1000 and n=4000
+    assert sum(1 for line in lines if line.startswith("[reused]") and f"from run {report.run_id}" in line) == 2
+    assert verdicts(again) == {k: v for k, v in verdicts(report).items() if k in OK}
+    assert reused_wall < report.wall_s / 2
+    forced, lines = rerun(project, ids=["fx-share"], force=True)
+    assert forced.executed == 1 and forced.reused == 0
+    assert any("start    fixture_probe.ipynb mode=ok n=1000" in line for line in lines)
+
+
+def test_editing_an_expectation_makes_it_stale_until_rejudged(first, capsys):
+    project, _, _ = first
+    path = project.hypotheses_dir / "fx-cost-confirmed.yaml"
+    original = path.read_text()
+    try:
+        path.write_text(original.replace("value: 1\n", "value: 100\n"))
+        problems, _ = ledger.check(project)
+        assert [p for p in problems if "stale" in p] == [
+            p for p in problems if p.startswith("fx-cost-confirmed: stale: hypotheses/fx-cost-confirmed.yaml changed")
+        ] != []
+        report, _ = rerun(project, ids=["fx-cost-confirmed"])
+        assert report.reused == 1 and verdicts(report)["fx-cost-confirmed"][0] == "refuted"
+        assert ledger.check(project)[0] == []
+    finally:
+        path.write_text(original)
+
+
+def test_param_overrides_are_checked(first):
+    project, _, _ = first
+    with pytest.raises(UserError, match="no selected probe declares it"):
+        rerun(project, ids=["fx-share"], overrides={"contex": 1})
+    with pytest.raises(UserError, match="expected an integer"):
+        rerun(project, ids=["fx-share"], overrides={"n": "many"})
+    with pytest.raises(UserError, match="or pass --all"):
+        rerun(project)
+
+
+def test_shipped_mask_build_probe_runs(tmp_path):
+    shutil.copytree(ROOT / "hypotheses", tmp_path / "hypotheses", ignore=shutil.ignore_patterns("ledger", "LEDGER.md"))
+    shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
+    lines: list[str] = []
+    report = runner.run(Project(tmp_path), ids=["mask-build-200ms"], overrides={"ctx": 2048, "repeat": 5, "inner": 2},
+                        out=lines.append)
+    (result,) = report.results.hypotheses
+    assert result.verdict == "refuted", lines
+    assert result.off_by.endswith("below the expected 200 ms")

@@ -1,0 +1,142 @@
+import math
+import re
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perfkit.hypothesis import Expect, Hypothesis, Probe, Sweep
+from perfkit.phases import BREAKDOWN, STEP
+from perfkit.results import ExecutionRecord, MetricRecord
+from perfkit.verdict import Verdict, judge
+
+
+def hyp(expect: Expect, sweep: Sweep | None = None) -> Hypothesis:
+    return Hypothesis(id="h", claim="c", rationale="r", expect=expect,
+                      probe=Probe(notebook="p.ipynb", sweep=sweep), tags=(), path=Path("h.yaml"), hash="0")
+
+
+def run(*records: MetricRecord, params=None, status="ok", reason=None) -> ExecutionRecord:
+    return ExecutionRecord(key="k", notebook="p.ipynb", params=params or {}, status=status, wall_s=1.0, run_id="r",
+                           reason=reason, records=tuple(records))
+
+
+def metric(name, mean, *, n=30, unit="ms", spread=0.02, at=None, breakdown=None, seed=0):
+    rng = np.random.default_rng(seed + zlib.crc32(name.encode()))
+    samples = tuple(float(x) for x in mean * (1 + spread * rng.standard_normal(n)))
+    return MetricRecord(name=name, unit=unit, samples=samples, at=at, breakdown=breakdown)
+
+
+COST = Expect(kind="cost", metric="mask", unit="ms", value=200.0, factor=3.0)
+
+
+def test_cost_refuted_says_how_far_off():
+    samples = tuple([0.17e-3, 0.18e-3, 0.19e-3] * 10)
+    j = judge(hyp(COST), [run(MetricRecord(name="mask", unit="s", samples=samples))])
+    assert j.verdict is Verdict.REFUTED
+    assert j.measured.unit == "ms" and j.measured.value == pytest.approx(0.18, rel=0.02)
+    assert j.off_by == "1,100x below the expected 200 ms"
+    assert j.line().startswith("measured 0.18 ms [")
+
+
+def test_cost_confirmed_within_factor_and_inconclusive_when_straddling():
+    assert judge(hyp(COST), [run(metric("mask", 150))]).verdict is Verdict.CONFIRMED
+    wide = MetricRecord(name="mask", unit="ms", samples=tuple([10.0, 1200.0] * 10))
+    j = judge(hyp(COST), [run(wide)])
+    assert j.verdict is Verdict.INCONCLUSIVE and "straddles" in j.reason
+
+
+@pytest.mark.parametrize(
+    "samples, reason",
+    [((), "probe recorded no samples for mask"),
+     ((1.0, math.nan, 2.0, 3.0, 4.0), "1 of 5 samples of mask are NaN"),
+     ((1.0, 2.0), "has 2 samples, fewer than the 5 needed")],
+)
+def test_bad_evidence_is_inconclusive_with_the_reason(samples, reason):
+    j = judge(hyp(COST), [run(MetricRecord(name="mask", unit="ms", samples=samples))])
+    assert j.verdict is Verdict.INCONCLUSIVE
+    assert reason in j.reason
+
+
+def test_metric_never_recorded_lists_what_was():
+    j = judge(hyp(COST), [run(metric("other", 1.0))])
+    assert j.verdict is Verdict.INCONCLUSIVE
+    assert j.reason == "probe recorded no samples for mask (it recorded: other)"
+
+
+def test_failed_execution_is_an_error_with_where():
+    j = judge(hyp(COST), [run(status="error", reason="p.ipynb cell 4: ValueError: boom")])
+    assert j.verdict is Verdict.ERROR and j.reason == "p.ipynb cell 4: ValueError: boom"
+
+
+def test_unit_mismatch_is_an_error_not_evidence():
+    j = judge(hyp(COST), [run(metric("mask", 5.0, unit="B"))])
+    assert j.verdict is Verdict.ERROR and "cannot convert B" in j.reason
+
+
+def test_bounds_and_floor():
+    at_most = Expect(kind="at_most", metric="t", unit="ms", value=2.0)
+    assert judge(hyp(at_most), [run(metric("t", 1.0))]).verdict is Verdict.CONFIRMED
+    assert judge(hyp(at_most), [run(metric("t", 3.0))]).verdict is Verdict.REFUTED
+    at_least = Expect(kind="at_least", metric="t", unit="tok/s", value=5.0)
+    assert judge(hyp(at_least), [run(metric("t", 4.0, unit="tok/s"))]).verdict is Verdict.REFUTED
+    floored = Expect(kind="at_most", metric="t", unit="ms", floor="roof", factor=2.0)
+    floor = MetricRecord(name="roof", unit="s", samples=(0.001,), note="bytes / bandwidth")
+    j = judge(hyp(floored), [run(metric("t", 2.5), floor)])
+    assert j.verdict is Verdict.REFUTED
+    assert j.floor.value == pytest.approx(1.0) and j.floor.note == "bytes / bandwidth"
+    assert j.expected == "≤ 2 × 1 ms (roof) = 2 ms"
+
+
+def test_selector_chooses_among_points():
+    records = [metric("t", 1.0, at={"ctx": 1024}), metric("t", 50.0, at={"ctx": 65536})]
+    many = judge(hyp(Expect(kind="at_most", metric="t", unit="ms", value=10.0)), [run(*records)])
+    assert many.verdict is Verdict.INCONCLUSIVE and "add expect.at" in many.reason
+    chosen = Expect(kind="at_most", metric="t", unit="ms", value=10.0, at={"ctx": 65536})
+    assert judge(hyp(chosen), [run(*records)]).verdict is Verdict.REFUTED
+
+
+def breakdown(step_ms, parts, n=30):
+    records = []
+    rng = np.random.default_rng(0)
+    noise = 1 + 0.02 * rng.standard_normal(n)
+    for name in (STEP,) + BREAKDOWN:
+        value = step_ms if name == STEP else parts.get(name, 0.0)
+        records.append(MetricRecord(name=name, unit="ms", samples=tuple(float(x) for x in value * noise), breakdown=STEP))
+    return records
+
+
+def test_share_of_step_paired():
+    records = breakdown(190.0, {"prepare_for_verify": 0.18, "verify_forward": 150.0, "unattributed": 39.82})
+    dominates = Expect(kind="share", metric="prepare_for_verify", of=STEP, at_least=0.5)
+    j = judge(hyp(dominates), [run(*records)])
+    assert j.verdict is Verdict.REFUTED
+    assert j.measured.value == pytest.approx(100 * 0.18 / 190, rel=1e-6)
+    assert j.measured.high - j.measured.low < 1e-6  # paired: the phase moves with its step
+    small = Expect(kind="share", metric="unattributed", of=STEP, at_most=0.1)
+    assert judge(hyp(small), [run(*records)]).verdict is Verdict.REFUTED
+
+
+def test_scaling_over_a_sweep():
+    sweep = Sweep(param="ctx", values=(1024, 4096, 16384))
+    expect = Expect(kind="scaling", metric="mask", over="ctx", exponent=1.0, tolerance=0.25)
+    linear = [run(metric("mask", 1e-4 * c), params={"ctx": c}) for c in sweep.values]
+    j = judge(hyp(expect, sweep), linear)
+    assert j.verdict is Verdict.CONFIRMED and j.measured.value == pytest.approx(1.0, abs=0.05)
+    flat = [run(metric("mask", 0.05), params={"ctx": c}) for c in sweep.values]
+    j = judge(hyp(expect, sweep), flat)
+    assert j.verdict is Verdict.REFUTED and "below the expected exponent 1 ± 0.25" in j.off_by
+    one = judge(hyp(expect, sweep), linear[:1])
+    assert one.verdict is Verdict.INCONCLUSIVE and "at least two values of ctx" in one.reason
+
+
+def test_speedup_for_times_and_rates():
+    expect = Expect(kind="speedup", baseline="heap", candidate="vec", at_least=100.0)
+    j = judge(hyp(expect), [run(metric("heap", 47.4), metric("vec", 0.1))])
+    assert j.verdict is Verdict.CONFIRMED and j.measured.value == pytest.approx(474, rel=0.05)
+    slow = judge(hyp(expect), [run(metric("heap", 1.0), metric("vec", 0.5))])
+    assert slow.verdict is Verdict.REFUTED and re.fullmatch(r"(49|50|51)x below the claimed minimum speedup 100x", slow.off_by)
+    rates = Expect(kind="speedup", baseline="ar", candidate="spec", at_least=1.5)
+    j = judge(hyp(rates), [run(metric("ar", 10.0, unit="tok/s"), metric("spec", 25.0, unit="tok/s"))])
+    assert j.verdict is Verdict.CONFIRMED and j.measured.value == pytest.approx(2.5, rel=0.05)
