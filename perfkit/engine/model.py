@@ -86,9 +86,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return x32.type_as(x) * self.weight
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 def rope_table(n: int, head_dim: int, base: float, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,11 +149,10 @@ class Attention(nn.Module):
     def _project(self, x, cos, sin):
         c = self.config
         b, q, _ = x.shape
-        qkv = self.wqkv(x)  # [B, Q, (H + 2G) * E]
-        xq, xk, xv = qkv.split([c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim], dim=-1)
-        xq = apply_rope(xq.view(b, q, c.n_heads, c.head_dim), cos, sin)
-        xk = apply_rope(xk.view(b, q, c.n_kv_heads, c.head_dim), cos, sin)
-        xv = xv.view(b, q, c.n_kv_heads, c.head_dim)
+        qkv = self.wqkv(x).view(b, q, c.n_heads + 2 * c.n_kv_heads, c.head_dim)  # [B, Q, H + 2G, E]
+        qk = apply_rope(qkv[:, :, : c.n_heads + c.n_kv_heads], cos, sin)  # queries and keys rotated together
+        xq, xk = qk.split([c.n_heads, c.n_kv_heads], dim=2)
+        xv = qkv[:, :, c.n_heads + c.n_kv_heads :]
         return xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2)  # [B, H|G, Q, E]
 
     def forward_cached(self, x, cos, sin, cache: KVCache, layer: int, slots, uniform_start, dense, kv_len: int):

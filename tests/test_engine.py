@@ -1,0 +1,180 @@
+"""The engine: greedy speculative decoding is token-identical to greedy autoregressive decoding,
+phases are instrumented, MoE expert counting, fills, dtypes and errors."""
+
+import pytest
+import torch
+
+from perfkit.engine import decode, load_engine
+from perfkit.engine.model import KVCache, ModelConfig
+from perfkit.errors import UserError
+from perfkit.phases import PHASES, STEP, UNATTRIBUTED
+from perfkit.spans import capture
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from a second thread and lose a lot when the other core is busy."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+PROMPTS = [[5, 17, 99, 3, 42, 42, 7, 250, 11, 0, 64], [200, 1, 2], [9, 8, 7, 6, 5, 4, 3]]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_engine("tiny-random", seed=1)
+
+
+@pytest.fixture(scope="module")
+def moe():
+    return load_engine("moe-random", seed=2)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_spec_is_lossless_over_every_option(tiny, batch):
+    prompts = PROMPTS[:batch]
+    ar = tiny.generate(prompts, max_new_tokens=20, mode="ar")
+    assert [len(t) for t in ar.tokens] == [20] * batch
+    for budget in (1, 4, 23):
+        for tree in ("heap", "vectorized"):
+            for mask in ("naive", "compact"):
+                spec = tiny.generate(prompts, max_new_tokens=20, mode="spec", budget=budget, tree=tree, mask=mask)
+                assert spec.tokens == ar.tokens, (budget, tree, mask)
+                assert spec.steps == len(spec.accept_lengths) <= ar.steps
+
+
+def test_moe_spec_is_lossless_and_counts_experts(moe):
+    cfg = moe.target_config
+    prompts = PROMPTS[:1]
+    ar = moe.generate(prompts, max_new_tokens=12, mode="ar")
+    # One token per step at batch 1 routes to exactly top_k distinct experts in every layer.
+    assert ar.experts_touched == [cfg.n_layers * cfg.top_k] * ar.steps
+    spec = moe.generate(prompts, max_new_tokens=12, mode="spec", budget=24)
+    assert spec.tokens == ar.tokens
+    assert len(spec.experts_touched) == spec.steps
+    # 25 verified tokens touch more experts than one, never more than exist.
+    assert all(cfg.n_layers * cfg.top_k < t <= cfg.n_layers * cfg.n_experts for t in spec.experts_touched)
+    assert tiny_has_no_experts()
+
+
+def tiny_has_no_experts():
+    r = load_engine("tiny-random").generate([[1, 2]], max_new_tokens=3, mode="spec", budget=4)
+    return r.experts_touched == []
+
+
+def test_moe_touched_counts_distinct_routed_experts():
+    from perfkit.engine.model import MoE
+
+    cfg = ModelConfig(d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=4, d_ff=8, n_experts=4, top_k=1)
+    layer = MoE(cfg)
+    with torch.no_grad():
+        layer.router.weight.copy_(torch.eye(4, 8))  # token feature i picks expert i
+    x = torch.zeros(3, 8)
+    x[0, 0] = x[1, 2] = x[2, 2] = 1.0
+    layer(x)
+    assert layer.touched.item() == 2  # experts 0 and 2
+
+
+def test_kv_commit_moves_accepted_entries(tiny):
+    cache = KVCache(tiny.target_config, batch=2, capacity=12, device="cpu", dtype=torch.float32)
+    cache.kv.copy_(torch.arange(cache.kv.numel(), dtype=torch.float32).view_as(cache.kv))
+    before = cache.kv.clone()
+    src = torch.tensor([[3, 5, 8], [2, 2, 9]])
+    dst = torch.tensor([[3, 4, 5], [2, 3, 4]])
+    cache.move(src, dst)
+    for b in range(2):
+        for s, d in zip(src[b].tolist(), dst[b].tolist()):
+            assert torch.equal(cache.kv[:, :, b, :, d], before[:, :, b, :, s])
+        untouched = [i for i in range(12) if i not in dst[b].tolist()]
+        assert torch.equal(cache.kv[:, :, b, :, untouched], before[:, :, b, :, untouched])
+
+
+def test_every_phase_is_a_span(tiny):
+    with capture() as cap:
+        spec = tiny.generate(PROMPTS[:2], max_new_tokens=10, mode="spec", budget=8)
+    steps = cap.steps()
+    assert len(steps) == spec.steps > 0
+    for row in steps:
+        assert set(row) == {STEP, UNATTRIBUTED, *PHASES}
+        assert row[STEP] >= sum(row[p] for p in PHASES) >= 0
+    assert len(cap.samples("prepare_for_verify")) == spec.steps
+    with capture() as cap:
+        ar = tiny.generate(PROMPTS[:2], max_new_tokens=6, mode="ar")
+    steps = cap.steps()
+    assert len(steps) == ar.steps == 5  # the first token comes from the prefill
+    assert {"verify_forward", "accept", "kv_commit"} <= set(steps[0])
+    assert "draft" not in steps[0]
+
+
+def test_chunked_prefill_matches_one_pass(tiny, monkeypatch):
+    monkeypatch.setattr(decode, "PREFILL_CHUNK", 5)
+    prompt = list(range(3, 40))
+    with torch.no_grad():
+        whole = tiny.target.head(tiny.target.forward_sequence(torch.tensor([prompt]))[:, -1]).argmax(-1).item()
+        cache = KVCache(tiny.target_config, batch=2, capacity=64, device="cpu", dtype=torch.float32)
+        hidden = tiny._prefill([prompt, prompt[:12]], cache)
+        short = tiny.target.forward_sequence(torch.tensor([prompt[:12]]))[:, -1]
+    assert tiny.target.head(hidden[:1]).argmax(-1).item() == whole
+    torch.testing.assert_close(hidden[1:], short, rtol=1e-4, atol=1e-5)
+
+
+def test_context_and_fills(tiny):
+    exact = tiny.generate([[1, 2, 3]], max_new_tokens=4, mode="ar", context=300)
+    assert exact.fill == "prefill" and exact.prompt_tokens == 300
+    approx = tiny.generate([[1, 2, 3], [4, 5]], max_new_tokens=6, mode="spec", budget=8, context=700, fill="approx")
+    assert approx.fill == "approx" and approx.prompt_tokens == 1400
+    assert [len(t) for t in approx.tokens] == [6, 6]
+    trimmed = tiny.generate([list(range(50))], max_new_tokens=2, mode="ar", context=10)
+    assert trimmed.prompt_tokens == 10
+    with pytest.raises(UserError):
+        tiny.generate([[1, 2, 3], [4, 5]], max_new_tokens=2, fill="approx")  # unequal prefixes
+
+
+def test_bf16_runs_on_cpu():
+    eng = load_engine("tiny-random", dtype="bf16")
+    assert eng.dtype == torch.bfloat16
+    for mode in ("ar", "spec"):
+        r = eng.generate(PROMPTS[:2], max_new_tokens=8, mode=mode, budget=8)
+        assert all(len(t) == 8 and all(0 <= x < 256 for x in t) for t in r.tokens)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"mode": "beam"},
+        {"tree": "random"},
+        {"mask": "dense"},
+        {"budget": 0},
+        {"max_new_tokens": 0},
+        {"fill": "magic"},
+        {"context": -1},
+    ],
+)
+def test_bad_arguments_are_user_errors(tiny, kwargs):
+    args = {"max_new_tokens": 4} | kwargs
+    with pytest.raises(UserError):
+        tiny.generate([[1, 2]], **args)
+
+
+def test_bad_prompts_and_presets(tiny):
+    with pytest.raises(UserError):
+        tiny.generate([], max_new_tokens=2)
+    with pytest.raises(UserError):
+        tiny.generate([[1, 300]], max_new_tokens=2)
+    with pytest.raises(UserError):
+        load_engine("huge")
+    with pytest.raises(UserError):
+        load_engine("tiny-random", dtype="fp8")
+    with pytest.raises(UserError):
+        ModelConfig(n_heads=3, n_kv_heads=2)
+
+
+def test_random_presets_are_seeded():
+    a = load_engine("tiny-random", seed=5).generate([[1, 2, 3]], max_new_tokens=6, mode="ar")
+    b = load_engine("tiny-random", seed=5).generate([[1, 2, 3]], max_new_tokens=6, mode="ar")
+    c = load_engine("tiny-random", seed=6).generate([[1, 2, 3]], max_new_tokens=6, mode="ar")
+    assert a.tokens == b.tokens
+    assert a.tokens != c.tokens
