@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -25,6 +26,8 @@ from perfkit.results import MetricRecord
 
 KERNEL_NAME = "perfkit"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_live: set[subprocess.Popen] = set()  # executions in flight, so an interrupted run can stop them
+_live_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,14 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def kill_all() -> None:
+    """Stop every execution in flight (an interrupted run must not leave kernels behind)."""
+    with _live_lock:
+        procs = list(_live)
+    for proc in procs:
+        _kill_tree(proc)
+
+
 def execute(
     *,
     notebook: Path,
@@ -186,12 +197,20 @@ def execute(
             [sys.executable, "-m", "perfkit.execute", str(spec_path)],
             stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True,
         )
+        with _live_lock:
+            _live.add(proc)
         try:
             proc.wait(timeout=timeout_s)
             timed_out = False
         except subprocess.TimeoutExpired:
             _kill_tree(proc)
             timed_out = True
+        except BaseException:
+            _kill_tree(proc)
+            raise
+        finally:
+            with _live_lock:
+                _live.discard(proc)
     wall = time.monotonic() - started
     nb = read_notebook(output)
     records = tuple(records_in(nb)) if nb is not None else ()
@@ -225,6 +244,13 @@ def execute(
     )
 
 
+def _exit_with_parent(parent: int) -> None:
+    """If the runner dies, stop too; the kernel follows (it watches this process)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(3)
+
+
 def _child(spec_path: str) -> int:
     """Run papermill and say how it ended in the outcome file (child process side)."""
     import papermill
@@ -232,6 +258,7 @@ def _child(spec_path: str) -> int:
     from papermill.exceptions import PapermillExecutionError
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     try:
         papermill.execute_notebook(
             spec["notebook"], spec["output"], parameters=spec["params"], kernel_name=KERNEL_NAME, language="python",

@@ -382,7 +382,8 @@ def run(
     execute_started = time.monotonic()
     if to_run:
         kernel_dir = executor.ensure_kernelspec(run_dir / "jupyter")
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
+        pool = ThreadPoolExecutor(max_workers=jobs)
+        try:
             futures = {
                 pool.submit(_execute_one, project, run_dir, run_id, p, timeout_s=timeout_s, kernel_dir=kernel_dir,
                             profile=profile, tag=f"[{i + 1}/{len(to_run)}]", say=say): p
@@ -390,6 +391,11 @@ def run(
             }
             for future, p in futures.items():
                 records[p.key] = future.result()
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            executor.kill_all()
+            raise
+        pool.shutdown()
     execute_s = time.monotonic() - execute_started
 
     judged: list[HypothesisResult] = []

@@ -156,3 +156,15 @@ def test_shipped_mask_build_probe_runs(tmp_path):
     (result,) = report.results.hypotheses
     assert result.verdict == "refuted", lines
     assert result.off_by.endswith("below the expected 200 ms")
+
+
+def test_profile_torch_saves_a_trace_in_the_execution(first):
+    project, _, _ = first
+    report, lines = rerun(project, ids=["fx-cost-confirmed"], profile="torch")
+    assert report.executed == 1  # the profiled execution is a different one from the plain run
+    (exec_dir,) = (project.runs_dir / report.run_id / "executions").iterdir()
+    assert (exec_dir / "torch_trace.json").is_file()
+    executed = nbformat.read(str(exec_dir / "executed.ipynb"), as_version=4)
+    injected = [c for c in executed.cells if runner.INJECTED_TAG in c.metadata.get("tags", [])]
+    assert len(injected) == 2
+    assert verdicts(report)["fx-cost-confirmed"][0] == "confirmed"
