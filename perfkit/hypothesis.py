@@ -3,6 +3,30 @@
 Strict because a typo in a record (`expcet:`, `factr: 3`) must not silently turn into a default
 and a verdict nobody asked for. Every error names file:line, the field and what was expected, and
 all errors of all files are reported at once.
+
+The record, hypotheses/<id>.yaml:
+
+    id: mask-build-200ms              # slug, equal to the file name
+    claim: One sentence.
+    rationale: Why it was believed, before measuring.
+    expect:                           # the expected cost; keys depend on kind
+      kind: cost                      # value within a factor: value / factor .. value * factor
+      metric: mask_build_naive        # a name the probe records with perfkit.record
+      value: 200                      # or `floor: <recorded metric>` (e.g. a roofline figure)
+      unit: ms                        # checked against the recorded unit (convertible only)
+      factor: 3
+      at: {ctx: 46000}                # optional: which recorded point, when there are several
+      min_samples: 5                  # optional: fewer samples give "inconclusive"
+    # kind at_most / at_least: metric, unit, value (or floor [+ factor: bound = factor x floor])
+    # kind share:   metric, of (e.g. step), at_least and/or at_most as fractions (unit: % allowed)
+    # kind scaling: metric, over (the swept parameter), exponent, tolerance  (log-log fit)
+    # kind speedup: baseline, candidate, at_least and/or at_most  (x; time or rate metrics)
+    probe:
+      notebook: mask_build.ipynb      # under notebooks/, with a cell tagged `parameters`
+      params: {ctx: 46000, batch: 1}  # full mode; each must be declared by the notebook
+      quick: {ctx: 4096}              # overrides for --quick
+      sweep: {param: ctx, values: [4096, 16384], quick: [4096]}   # one execution per value
+    tags: [case-study]
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -35,7 +35,7 @@ from perfkit.results import (
     ExecutionRecord, ExecutionRef, HypothesisResult, MetricSummary, RunResults, dumps, read_execution,
     write_execution, write_results,
 )
-from perfkit.stats import instability, is_clean, mean_interval, seed_for, summarize
+from perfkit.stats import is_clean, mean_interval, seed_for, summarize
 from perfkit.verdict import Judgement, Verdict, effective_points, judge
 
 PROFILERS = ("torch",)
@@ -371,7 +371,7 @@ def run(
             to_run.append(p)
             continue
         origin = cached.cached_from or cached.run_id
-        reused = ExecutionRecord(**{**cached.__dict__, "cached_from": origin})
+        reused = replace(cached, cached_from=origin)
         write_execution(run_dir / "executions" / p.key / "execution.json", reused)
         records[p.key] = reused
     say(f"run {run_id}: {len(hypotheses)} hypotheses, {len(planned)} probe executions "
