@@ -73,7 +73,8 @@ def source_tree_hash() -> str:
     root = Path(__file__).resolve().parent
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*")):
-        if "__pycache__" in path.parts or path.suffix == ".pyc" or not path.is_file():
+        parts = path.relative_to(root).parts
+        if "__pycache__" in parts or any(p.startswith(".") for p in parts) or path.suffix == ".pyc" or not path.is_file():
             continue
         digest.update(path.relative_to(root).as_posix().encode())
         digest.update(b"\0")
