@@ -20,7 +20,7 @@ _PUBLIC = {
     "flush": "perfkit.spans",
     "enabled": "perfkit.spans",
     "set_enabled": "perfkit.spans",
-    "bench": "perfkit.bench",
+    "bench": "perfkit.measure",
     "load_hypotheses": "perfkit.hypothesis",
     "Verdict": "perfkit.verdict",
 }

@@ -171,7 +171,7 @@ def test_cuda_path_uses_events_and_nvtx_without_sync_per_call(log, monkeypatch):
 
 
 def test_bench_returns_samples_with_warmup_and_min_time():
-    from perfkit.bench import bench
+    from perfkit.measure import bench
 
     calls = []
     samples = bench(lambda: calls.append(1), warmup=2, repeat=5)
@@ -183,3 +183,11 @@ def test_bench_returns_samples_with_warmup_and_min_time():
     assert len(fast) == 3 and max(fast) < 0.001
     with pytest.raises(ValueError):
         bench(lambda: None, sync="gpu")
+
+
+def test_public_bench_stays_the_function_after_its_module_is_imported():
+    import perfkit
+    import perfkit.measure  # noqa: F401  (a submodule import must not shadow the function)
+
+    assert callable(perfkit.bench) and perfkit.bench is perfkit.measure.bench
+    assert len(perfkit.bench(lambda: None, warmup=0, repeat=2)) == 2

@@ -1,5 +1,7 @@
 """bench(): time a callable honestly and return samples, not one number.
 
+The module is not called `bench` so that `perfkit.bench` stays the function whatever was imported first.
+
 Warm-up calls run first and are thrown away (allocator, caches, lazy initialisation, autotuning).
 On CUDA each repetition is bracketed by CUDA events on the current stream and the device is
 synchronised once, before reading them, so asynchronous launches are neither missed (no sync at all)
