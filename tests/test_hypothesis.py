@@ -36,7 +36,7 @@ MALFORMED = {
     "bad-yaml": (3, None, "not valid YAML"),
     "bad-unit": (8, "expect.unit", "unknown unit 'msec'"),
     "no-parameters-cell": (6, "probe.notebook", "no cell tagged `parameters`"),
-    "scaling-without-sweep": (4, "expect.over", "needs `probe.sweep`"),
+    "scaling-over-unswept": (4, "expect.over", "the probe sweeps 'n', not 'mode'"),
 }
 
 
