@@ -151,11 +151,12 @@ def test_shipped_mask_build_probe_runs(tmp_path):
     shutil.copytree(ROOT / "hypotheses", tmp_path / "hypotheses", ignore=shutil.ignore_patterns("ledger", "LEDGER.md"))
     shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
     lines: list[str] = []
-    report = runner.run(Project(tmp_path), ids=["mask-build-200ms"], overrides={"ctx": 2048, "repeat": 5, "inner": 2},
-                        out=lines.append)
+    report = runner.run(Project(tmp_path), ids=["mask-build-compact-10x"],
+                        overrides={"contexts": [8192, 32768], "batches": [8], "repeat": 5}, out=lines.append)
     (result,) = report.results.hypotheses
-    assert result.verdict == "refuted", lines
-    assert result.off_by.endswith("below the expected 200 ms")
+    # ~100x apart on any machine (8.7M booleans against 8.7k); 10x leaves room for a noisy one
+    assert result.verdict == "confirmed", lines
+    assert result.measured.value > 10
 
 
 def test_profile_torch_saves_a_trace_in_the_execution(first):
