@@ -1,4 +1,4 @@
-"""The `perfkit` command: validate, run, ledger, show, and the engine/env/gpu-check entry points.
+"""The `perfkit` command: validate, run, ledger, show, new, and the engine/env/gpu-check/roofline entry points.
 
 User mistakes (perfkit.errors.UserError) print as one message without a traceback and exit 2;
 anything else is a bug and keeps its traceback.
@@ -18,6 +18,7 @@ _DELEGATED = {
     "engine": "perfkit.engine.cli",
     "env": "perfkit.machine",
     "gpu-check": "perfkit.gpucheck",
+    "roofline": "perfkit.roofline",
 }
 
 
@@ -44,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
 
     show = sub.add_parser("show", help="one hypothesis: record, evidence and history")
     show.add_argument("id")
+
+    new = sub.add_parser("new", help="scaffold a working probe notebook to edit")
+    new.add_argument("what", choices=["probe"])
+    new.add_argument("name", help="notebook name: lowercase letters, digits, underscores")
 
     for name, module in _DELEGATED.items():
         sub.add_parser(name, help=f"see `perfkit {name} --help` ({module})", add_help=False)
@@ -119,6 +124,11 @@ def _main(argv: list[str]) -> int:
         from perfkit import ledger
 
         sys.stdout.write(ledger.describe(project, args.id))
+        return 0
+    if args.command == "new":
+        from perfkit.scaffold import new_probe
+
+        print(f"wrote {new_probe(project, args.name)}: open it with `make lab`, replace work(), then name it in a hypothesis")
         return 0
     raise AssertionError(f"unhandled command {args.command}")
 
