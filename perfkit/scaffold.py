@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from perfkit.errors import UserError
-from perfkit.paths import Project
+from perfkit.paths import Project, write_atomic
 
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -79,8 +79,5 @@ def new_probe(project: Project, name: str) -> str:
         },
     )
     nbformat.validate(notebook)
-    project.notebooks_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    nbformat.write(notebook, str(tmp))
-    tmp.replace(path)
+    write_atomic(path, nbformat.writes(notebook) + "\n")
     return project.relative(path)
