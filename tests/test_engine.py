@@ -111,14 +111,19 @@ def test_every_phase_is_a_span(tiny):
 
 def test_chunked_prefill_matches_one_pass(tiny, monkeypatch):
     monkeypatch.setattr(decode, "PREFILL_CHUNK", 5)
-    prompt = list(range(3, 40))
+    long, short = list(range(3, 40)), list(range(100, 112))
+    w = tiny.drafter_config.window
     with torch.no_grad():
-        whole = tiny.target.head(tiny.target.forward_sequence(torch.tensor([prompt]))[:, -1]).argmax(-1).item()
         cache = KVCache(tiny.target_config, batch=2, capacity=64, device="cpu", dtype=torch.float32)
-        hidden = tiny._prefill([prompt, prompt[:12]], cache)
-        short = tiny.target.forward_sequence(torch.tensor([prompt[:12]]))[:, -1]
-    assert tiny.target.head(hidden[:1]).argmax(-1).item() == whole
-    torch.testing.assert_close(hidden[1:], short, rtol=1e-4, atol=1e-5)
+        window = tiny._prefill([long, short], cache)  # [2, W, D], chunks of 5 over right-padded prompts
+        whole_long = tiny.target.forward_sequence(torch.tensor([long]))[0]
+        whole_short = tiny.target.forward_sequence(torch.tensor([short]))[0]
+    assert window.shape == (2, w, tiny.target_config.d_model)
+    torch.testing.assert_close(window[0, -min(w, len(long)) :], whole_long[-w:], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(window[1, -len(short) :], whole_short, rtol=1e-4, atol=1e-5)
+    assert not window[1, : w - len(short)].any()  # before the prompt's start: zeros
+    tokens = tiny._window_tokens([long, short])
+    assert tokens[1].tolist() == [0] * (w - len(short)) + short
 
 
 def test_context_and_fills(tiny):

@@ -143,34 +143,31 @@ class Engine:
         cache = KVCache(self.target.config, batch=b, capacity=max(lens) + max_new_tokens + extra + 1, device=self.device, dtype=self.dtype)
 
         t0 = time.perf_counter()
-        hidden = self._approx_fill(prefixes, cache) if fill == "approx" else self._prefill(prefixes, cache)
-        root = self.target.head(hidden).argmax(-1)  # [B] first generated token
-        out = [[t] for t in root.tolist()]
+        fill_cache = self._approx_fill if fill == "approx" else self._prefill
+        st = _State(cache=cache, lens=list(lens), lens_t=torch.tensor(lens, device=self.device), out=[[] for _ in prefixes])
+        st.win_hidden = fill_cache(prefixes, cache)  # [B, W, D], hidden states of the last W positions
+        st.win_tokens = self._window_tokens(prefixes)
+        st.root = self.target.head(st.win_hidden[:, -1]).argmax(-1)  # [B] first generated token
+        for o, t in zip(st.out, st.root.tolist()):
+            o.append(t)
         t1 = time.perf_counter()
 
-        lens_t = torch.tensor(lens, device=self.device)
-        accept_lengths: list[float] = []
-        touched: list[int] = []
-        steps = 0
-        while min(len(o) for o in out) < max_new_tokens:
-            if mode == "spec":
-                hidden, root = self._spec_step(cache, lens, lens_t, hidden, root, out, budget, tree, mask, accept_lengths, touched)
-            else:
-                root = self._ar_step(cache, lens, lens_t, root, out, accept_lengths, touched)
-            steps += 1
+        step = self._spec_step if mode == "spec" else self._ar_step
+        while min(len(o) for o in st.out) < max_new_tokens:
+            step(st, budget=budget, tree=tree, mask=mask)
         t2 = time.perf_counter()
-        tokens = [o[:max_new_tokens] for o in out]
+        tokens = [o[:max_new_tokens] for o in st.out]
         return GenerateResult(
             tokens=tokens,
-            accept_lengths=accept_lengths,
-            steps=steps,
+            accept_lengths=st.accept_lengths,
+            steps=len(st.accept_lengths),
             prefill_s=t1 - t0,
             decode_s=t2 - t1,
             ttft_s=t1 - t0,
-            prompt_tokens=sum(len(p) for p in prefixes),
+            prompt_tokens=sum(lens),
             generated_tokens=sum(len(t) for t in tokens),
             fill=fill,
-            experts_touched=touched,
+            experts_touched=st.touched,
             mode=mode,
             batch=b,
             budget=budget if mode == "spec" else 0,
@@ -233,23 +230,43 @@ class Engine:
             tokens, cache, positions=positions, slots=positions, mask=verify_mask.causal_mask(lens, q), kv_len=start + q, uniform_start=start
         )
 
+    def _wanted(self, lengths: list[int]) -> torch.Tensor:
+        """Positions [B, W] of each request's last W prefix tokens (negative: before the start)."""
+        w = self.drafter.config.window
+        ends = torch.tensor(lengths, device=self.device)
+        return ends[:, None] - w + torch.arange(w, device=self.device)
+
+    @staticmethod
+    def _collect(h, start: int, wanted, window):
+        """Copy the hidden states of positions ``wanted`` that the forward over [start, start + Q)
+        produced (h: [B, Q, D]) into ``window`` [B, W, D]."""
+        q = h.shape[1]
+        inside = (wanted >= start) & (wanted < start + q)  # [B, W]
+        got = h.gather(1, (wanted - start).clamp(0, q - 1)[:, :, None].expand(-1, -1, h.shape[2]))
+        return torch.where(inside[:, :, None], got, window)
+
+    def _window_tokens(self, prefixes) -> torch.Tensor:
+        w = self.drafter.config.window
+        rows = [([0] * w + p[-w:])[-w:] for p in prefixes]
+        return torch.tensor(rows, device=self.device)
+
+    def _empty_window(self, b: int):
+        return torch.zeros(b, self.drafter.config.window, self.target.config.d_model, device=self.device, dtype=self.dtype)
+
     def _prefill(self, prefixes, cache):
-        """Chunked prefill of right-padded prefixes; the hidden state at each one's last token [B, D]."""
+        """Chunked prefill of right-padded prefixes; hidden states of each one's last W positions."""
         b = len(prefixes)
         longest = max(len(p) for p in prefixes)
         padded = torch.zeros(b, longest, dtype=torch.int64)
         for i, p in enumerate(prefixes):
             padded[i, : len(p)] = torch.tensor(p)
         padded = padded.to(self.device)
-        last = torch.tensor([len(p) - 1 for p in prefixes], device=self.device)
-        hidden = torch.zeros(b, self.target.config.d_model, device=self.device, dtype=self.dtype)
+        wanted = self._wanted([len(p) for p in prefixes])
+        window = self._empty_window(b)
         for start in range(0, longest, PREFILL_CHUNK):
-            chunk = padded[:, start : start + PREFILL_CHUNK]
-            h = self._forward_range(chunk, cache, start)  # [B, Q, D]
-            here = (last >= start) & (last < start + chunk.shape[1])
-            picked = h[torch.arange(b, device=self.device), (last - start).clamp(0, chunk.shape[1] - 1)]
-            hidden = torch.where(here[:, None], picked, hidden)
-        return hidden
+            h = self._forward_range(padded[:, start : start + PREFILL_CHUNK], cache, start)  # [B, Q, D]
+            window = self._collect(h, start, wanted, window)
+        return window
 
     def _approx_fill(self, prefixes, cache):
         """Real prefill of the head and the tail, copies of the head in between (see generate)."""
@@ -257,41 +274,47 @@ class Engine:
         head = min(n, APPROX_HEAD)
         tail = min(n - head, APPROX_TAIL)
         tokens = torch.tensor(prefixes, device=self.device)
-        hidden = self._prefill([p[:head] for p in prefixes], cache)
+        wanted = self._wanted([n] * len(prefixes))
+        window = self._empty_window(len(prefixes))
+        for start in range(0, head, PREFILL_CHUNK):
+            h = self._forward_range(tokens[:, start : min(head, start + PREFILL_CHUNK)], cache, start)
+            window = self._collect(h, start, wanted, window)
         filled = head
         while filled < n - tail:  # double the filled range by copying it after itself
             width = min(filled, n - tail - filled)
             cache.kv[:, :, :, :, filled : filled + width] = cache.kv[:, :, :, :, :width]
             filled += width
         if tail:
-            hidden = self._forward_range(tokens[:, n - tail :], cache, n - tail)[:, -1]
-        return hidden
+            h = self._forward_range(tokens[:, n - tail :], cache, n - tail)
+            window = self._collect(h, n - tail, wanted, window)
+        return window
 
     # --- one decode step -------------------------------------------------------------------------
 
-    def _spec_step(self, cache, lens, lens_t, hidden, root, out, budget, tree, mask, accept_lengths, touched):
-        b = len(lens)
+    def _spec_step(self, st: "_State", *, budget: int, tree: str, mask: str):
+        b = len(st.lens)
         dev = self.device
         k = self.drafter.config.block
+        w = self.drafter.config.window
         vocab = self.target.config.vocab_size
         with span(STEP):
             with span("draft"):
-                logp = self.drafter(hidden, root).float().log_softmax(-1)  # [B, K, V]
-                top_lp, top_tok = logp.topk(min(budget, vocab), dim=-1)  # [B, K, R], sorted
+                logits = self.drafter(st.win_hidden[:, -1], st.root, st.win_tokens, st.win_hidden)  # [B, K, V]
+                top_lp, top_tok = logits.float().log_softmax(-1).topk(min(budget, vocab), dim=-1)  # [B, K, R]
             with span("tree_build"):
                 t = tree_build.BUILDERS[tree](top_lp, budget)
                 nodes = tree_build.node_tokens(t, top_tok)  # [B, N]
             with span("prepare_for_verify"):
-                vm = verify_mask.BUILDERS[mask](lens_t, t.parents, k)
+                vm = verify_mask.BUILDERS[mask](st.lens_t, t.parents, k)
                 q = budget + 1
-                block_tokens = torch.cat([root[:, None], nodes], 1)  # [B, Q]: root, then nodes
+                block_tokens = torch.cat([st.root[:, None], nodes], 1)  # [B, Q]: root, then nodes
                 depth = torch.cat([torch.zeros(b, 1, dtype=torch.int64, device=dev), t.depths], 1)  # [B, Q]
-                positions = lens_t[:, None] + depth
-                slots = lens_t[:, None] + torch.arange(q, device=dev)
+                positions = st.lens_t[:, None] + depth
+                slots = st.lens_t[:, None] + torch.arange(q, device=dev)
             with span("verify_forward"):
-                uniform = lens[0] if len(set(lens)) == 1 else None
+                uniform = st.lens[0] if len(set(st.lens)) == 1 else None
                 h = self.target.forward(
-                    block_tokens, cache, positions=positions, slots=slots, mask=vm, kv_len=max(lens) + q, uniform_start=uniform
+                    block_tokens, st.cache, positions=positions, slots=slots, mask=vm, kv_len=max(st.lens) + q, uniform_start=uniform
                 )  # [B, Q, D]
                 pred = self.target.head(h).argmax(-1)  # [B, Q] target's next token after each entry
                 moe = self.target.experts_touched()
@@ -300,40 +323,45 @@ class Engine:
                 # accepted when it and all its ancestors match (the root always does).
                 match = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=dev), nodes == pred.gather(1, t.parents + 1)], 1)
                 accepted = ~(vm.block & ~match[:, None, :]).any(-1)  # [B, Q]
-                reach = torch.where(accepted, depth, -1)  # root has depth 0
-                n_acc, last = reach.max(1)  # [B]: nodes accepted, block index of the deepest
+                n_acc, last = torch.where(accepted, depth, -1).max(1)  # [B]: nodes accepted, deepest entry
                 bonus = pred.gather(1, last[:, None])[:, 0]
-                # path[d] = block index of the accepted entry at depth d (0: root); spare slots point
-                # at the root and are written beyond the committed length, where nothing reads.
+                # path[d] = block index of the accepted entry at depth d (0: root); spare entries
+                # point at the root and land beyond the committed length, where nothing reads.
                 path = torch.zeros(b, k + 2, dtype=torch.int64, device=dev)
                 path.scatter_(1, torch.where(accepted, depth, k + 1), torch.arange(q, device=dev).expand(b, q))
                 path = path[:, : k + 1]
-                emitted = torch.cat([n_acc[:, None], bonus[:, None], block_tokens.gather(1, path)], 1)
+                path_tokens = block_tokens.gather(1, path)  # [B, K + 1]
+                emitted = torch.cat([n_acc[:, None], bonus[:, None], path_tokens], 1)
                 if moe is not None:
                     emitted = torch.cat([emitted, moe.expand(b)[:, None]], 1)
                 rows = emitted.tolist()  # the step's one device-to-host copy
                 for i, row in enumerate(rows):
                     n = row[0]
-                    out[i].extend(row[3 : 3 + n] + [row[1]])
-                    lens[i] += 1 + n
-                accept_lengths.append(sum(1 + row[0] for row in rows) / b)
+                    st.out[i].extend(row[3 : 3 + n] + [row[1]])
+                    st.lens[i] += 1 + n
+                st.accept_lengths.append(sum(1 + row[0] for row in rows) / b)
                 if moe is not None:
-                    touched.append(rows[0][-1])
+                    st.touched.append(rows[0][-1])
             with span("kv_commit"):
-                base = lens_t[:, None]
-                cache.move(base + path, base + torch.arange(k + 1, device=dev))
-                lens_t += 1 + n_acc
-                hidden = h[torch.arange(b, device=dev), last]  # [B, D] predicted the bonus token
-        return hidden, bonus
+                base = st.lens_t[:, None]
+                st.cache.move(base + path, base + torch.arange(k + 1, device=dev))
+                # The drafter's window slides by the 1 + n_acc entries just committed.
+                keep = (n_acc + 1)[:, None] + torch.arange(w, device=dev)  # [B, W]
+                st.win_tokens = torch.cat([st.win_tokens, path_tokens], 1).gather(1, keep)
+                path_h = h.gather(1, path[:, :, None].expand(-1, -1, h.shape[2]))  # [B, K + 1, D]
+                st.win_hidden = torch.cat([st.win_hidden, path_h], 1).gather(1, keep[:, :, None].expand(-1, -1, h.shape[2]))
+                st.lens_t += 1 + n_acc
+                st.root = bonus
 
-    def _ar_step(self, cache, lens, lens_t, root, out, accept_lengths, touched):
-        b = len(lens)
+    def _ar_step(self, st: "_State", *, budget: int, tree: str, mask: str):
+        b = len(st.lens)
         with span(STEP):
             with span("verify_forward"):
-                uniform = lens[0] if len(set(lens)) == 1 else None
-                pos = lens_t[:, None]
+                uniform = st.lens[0] if len(set(st.lens)) == 1 else None
+                pos = st.lens_t[:, None]
                 h = self.target.forward(
-                    root[:, None], cache, positions=pos, slots=pos, mask=verify_mask.causal_mask(lens_t, 1), kv_len=max(lens) + 1, uniform_start=uniform
+                    st.root[:, None], st.cache, positions=pos, slots=pos, mask=verify_mask.causal_mask(st.lens_t, 1),
+                    kv_len=max(st.lens) + 1, uniform_start=uniform,
                 )
                 nxt = self.target.head(h[:, 0]).argmax(-1)  # [B]
                 moe = self.target.experts_touched()
@@ -341,11 +369,26 @@ class Engine:
                 emitted = nxt[:, None] if moe is None else torch.cat([nxt[:, None], moe.expand(b)[:, None]], 1)
                 rows = emitted.tolist()
                 for i, row in enumerate(rows):
-                    out[i].append(row[0])
-                    lens[i] += 1
-                accept_lengths.append(1.0)
+                    st.out[i].append(row[0])
+                    st.lens[i] += 1
+                st.accept_lengths.append(1.0)
                 if moe is not None:
-                    touched.append(rows[0][-1])
+                    st.touched.append(rows[0][-1])
             with span("kv_commit"):
-                lens_t += 1
-        return nxt
+                st.lens_t += 1
+                st.root = nxt
+
+
+@dataclass
+class _State:
+    """What a decode step reads and advances."""
+
+    cache: KVCache
+    lens: list[int]  # committed cache length per request (host copy)
+    lens_t: torch.Tensor  # the same on the device, [B]
+    out: list[list[int]]  # tokens emitted per request
+    root: torch.Tensor | None = None  # [B] last emitted token, not yet in the cache
+    win_tokens: torch.Tensor | None = None  # [B, W] last committed tokens (drafter window)
+    win_hidden: torch.Tensor | None = None  # [B, W, D] target hidden states at those positions
+    accept_lengths: list[float] = field(default_factory=list)
+    touched: list[int] = field(default_factory=list)

@@ -1,12 +1,14 @@
 """The block drafter: one forward proposes token distributions for the next ``block`` positions.
 
 DFlash/Medusa style. It is conditioned on the target's final hidden state at the last committed
-position (the one that predicted the root token) and on the root token itself, and fills
-``block`` learned slot embeddings through a few small bidirectional transformer layers. Slot k
-predicts the token k positions after the root. No autoregression inside the drafter, so its cost
-is one small forward per decode step, a small fraction of verifying the tree with the target.
+position (the one that predicted the root token), on the root token, and on a short window of
+recent context: the last ``window`` committed tokens with the target's hidden state at each (what
+lets it continue a pattern it has just seen, such as an identifier or an indentation run). ``block``
+learned slot embeddings go through a few small transformer layers whose attention sees the window
+and the other slots; slot k predicts the token k positions after the root. No autoregression
+inside the drafter: one small forward per decode step, a fraction of the target's verify forward.
 
-Shapes: B batch, K block (draft depth), D drafter width, V vocabulary.
+Shapes: B batch, K block (draft depth), W window, D drafter width, T target width, V vocabulary.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class DrafterConfig:
     n_heads: int = 4
     d_ff: int = 512
     block: int = 8  # positions proposed per forward = maximum tree depth
+    window: int = 32  # recent committed positions the drafter attends to
     norm_eps: float = 1e-5
 
     def __post_init__(self):
@@ -58,21 +61,27 @@ class DrafterConfig:
 
 
 class SlotLayer(nn.Module):
-    """Pre-norm transformer layer over the K slots, full (bidirectional) attention."""
+    """Pre-norm transformer layer over the K slots; its attention also sees the window's entries."""
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
         self.n_heads = config.n_heads
         self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.wqkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
+        self.wq = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.wkv = nn.Linear(config.d_model, 2 * config.d_model, bias=False)
         self.wo = nn.Linear(config.d_model, config.d_model, bias=False)
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
         self.ffn = SwiGLU(config.d_model, config.d_ff)
 
-    def forward(self, x):
+    def forward(self, x, memory):
+        """x: [B, K, D] slots; memory: [B, W, D] normalised window entries."""
         b, k, d = x.shape
-        q, kk, v = self.wqkv(self.attn_norm(x)).view(b, k, 3, self.n_heads, d // self.n_heads).unbind(2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), kk.transpose(1, 2), v.transpose(1, 2))  # [B, h, K, d/h]
+        h = self.n_heads
+        xs = self.attn_norm(x)
+        q = self.wq(xs).view(b, k, h, d // h).transpose(1, 2)  # [B, h, K, D/h]
+        kv = self.wkv(torch.cat([memory, xs], 1)).view(b, -1, 2, h, d // h)  # [B, W + K, 2, h, D/h]
+        keys, values = kv.unbind(2)
+        out = F.scaled_dot_product_attention(q, keys.transpose(1, 2), values.transpose(1, 2))  # [B, h, K, D/h]
         x = x + self.wo(out.transpose(1, 2).reshape(b, k, d))
         return x + self.ffn(self.ffn_norm(x))
 
@@ -84,6 +93,8 @@ class BlockDrafter(nn.Module):
         self.from_target = nn.Linear(config.target_d_model, config.d_model, bias=False)
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.slots = nn.Parameter(torch.zeros(config.block, config.d_model))
+        self.window_pos = nn.Parameter(torch.zeros(config.window, config.d_model))
+        self.memory_norm = RMSNorm(config.d_model, config.norm_eps)
         self.layers = nn.ModuleList(SlotLayer(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -91,10 +102,16 @@ class BlockDrafter(nn.Module):
             if p.dim() == 2:
                 nn.init.normal_(p, mean=0.0, std=0.02)
 
-    def forward(self, hidden, root):
-        """Logits [B, K, V] for the K positions after ``root`` [B], given target hidden [B, D_target]."""
+    def forward(self, hidden, root, window_tokens, window_hidden):
+        """Logits [B, K, V] for the K positions after ``root`` [B].
+
+        hidden [B, T]: target hidden state that predicted the root; window_tokens [B, W] and
+        window_hidden [B, W, T]: the last W committed tokens, oldest first, and the target's
+        hidden state at each (zeros where the context is shorter than W).
+        """
         x = self.from_target(hidden) + self.embed(root)  # [B, D]
         x = x[:, None, :] + self.slots[None]  # [B, K, D]
+        memory = self.memory_norm(self.from_target(window_hidden) + self.embed(window_tokens) + self.window_pos[None])  # [B, W, D]
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, memory)
         return self.head(self.norm(x))

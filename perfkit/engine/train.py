@@ -3,10 +3,11 @@
     python -m perfkit.engine.train [--out DIR] [--quick]      (or ``perfkit engine train``)
 
 1. Target: next-byte prediction on random windows of ``data.training_text()`` (AdamW, cosine).
-2. Rollouts: the trained target decodes greedily from training-text prompts; every generated
-   position gives a drafter example (target hidden state that predicted the root, the root, the
-   next ``block`` greedy tokens). The drafter thus learns the target's own continuations, the
-   thing acceptance compares against.
+2. Rollouts: the trained target decodes greedily from training-text prompts, keeping every
+   position's token and final hidden state. Each generated position is a drafter example: the
+   hidden state that predicted the root, the root, the window of the ``window`` positions before
+   it, and the next ``block`` greedy tokens as labels. The drafter thus learns the target's own
+   continuations, the thing acceptance compares against.
 3. Drafter: cross-entropy of each slot against those tokens.
 Held-out bytes (``data.heldout_text()``) measure the target's loss and accuracy and, through
 held-out rollouts, the drafter's per-slot accuracy; all of it goes to ``train_log.json``.
@@ -32,18 +33,19 @@ import torch
 import torch.nn.functional as F
 
 from perfkit.engine import data
-from perfkit.engine.checkpoints import CHECKPOINT_DIR, save_weights
+from perfkit.engine.checkpoints import CHECKPOINT_DIR, load_weights, save_weights
 from perfkit.engine.drafter import BlockDrafter, DrafterConfig
 from perfkit.engine.model import KVCache, ModelConfig, Transformer
+from perfkit.errors import UserError
 from perfkit.kernels.verify_mask import causal_mask
 
 __all__ = ["TARGET", "DRAFTER", "Settings", "train", "main"]
 
 TARGET = ModelConfig(
-    vocab_size=data.VOCAB_SIZE, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, d_ff=512
+    vocab_size=data.VOCAB_SIZE, d_model=192, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=48, d_ff=512
 )
 DRAFTER = DrafterConfig(
-    vocab_size=data.VOCAB_SIZE, target_d_model=TARGET.d_model, d_model=256, n_layers=2, n_heads=4, d_ff=512, block=8
+    vocab_size=data.VOCAB_SIZE, target_d_model=TARGET.d_model, d_model=192, n_layers=2, n_heads=4, d_ff=512, block=8, window=32
 )
 
 
@@ -52,16 +54,18 @@ class Settings:
     """Everything that decides the weights besides the code and the stdlib text."""
 
     seed: int = 0
-    threads: int = 2
+    # One thread: on a shared 2-core machine a second intra-op thread stalls whenever the other
+    # core is busy (2x slower here); the weights are reproducible for a given thread count.
+    threads: int = 1
     seq_len: int = 256
     target_batch: int = 16
     target_steps: int = 1000
     target_lr: float = 3e-3
     warmup: int = 50
     rollout_batch: int = 256
-    rollout_prompt: int = 64
-    rollout_len: int = 64
-    rollout_batches: int = 24
+    rollout_prompt: int = 64  # >= the drafter's window
+    rollout_len: int = 96
+    rollout_batches: int = 16
     drafter_batch: int = 256
     drafter_steps: int = 1200
     drafter_lr: float = 2e-3
@@ -72,6 +76,10 @@ class Settings:
 
 QUICK = Settings(
     target_steps=20, rollout_batch=32, rollout_batches=2, rollout_len=24, drafter_steps=20, eval_windows=8, eval_rollouts=32, log_every=10
+)
+TINY = Settings(  # for tests: seconds, useless weights
+    seq_len=32, target_batch=2, target_steps=2, warmup=1, rollout_batch=4, rollout_batches=1, rollout_len=12,
+    drafter_batch=8, drafter_steps=2, eval_windows=2, eval_rollouts=4, log_every=1,
 )
 
 
@@ -144,70 +152,102 @@ def train_target(settings: Settings, text: torch.Tensor, held: torch.Tensor, log
     return target, curve
 
 
+@dataclass(frozen=True)
+class Rollouts:
+    """Greedy continuations: tokens [S, P + G] (prompt, then generated) and the target's final
+    hidden state at every position [S, P + G, D] (fp16 to halve the memory)."""
+
+    tokens: torch.Tensor
+    hidden: torch.Tensor
+    prompt: int
+
+    def examples(self, rows: torch.Tensor, roots: torch.Tensor):
+        """Drafter inputs and labels for roots at positions ``roots`` of rollouts ``rows`` (both [M]):
+        (hidden [M, D], root [M], window tokens [M, W], window hidden [M, W, D], labels [M, K])."""
+        w, k = DRAFTER.window, DRAFTER.block
+        win = roots[:, None] - w + torch.arange(w)  # [M, W]
+        ahead = roots[:, None] + 1 + torch.arange(k)  # [M, K]
+        r = rows[:, None]
+        return (
+            self.hidden[rows, roots - 1].float(),
+            self.tokens[rows, roots],
+            self.tokens[r, win],
+            self.hidden[r, win].float(),
+            self.tokens[r, ahead],
+        )
+
+    @property
+    def roots(self) -> range:
+        """Root positions with a full window before and ``block`` labels after (generated text only)."""
+        return range(self.prompt, self.tokens.shape[1] - DRAFTER.block)
+
+
 @torch.no_grad()
 def rollouts(target: Transformer, prompts: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy continuations of ``prompts`` [B, P]: tokens [B, length] and, for each, the target's
-    final hidden state [B, length, D] at the position that predicted it."""
+    """Greedy continuations of ``prompts`` [B, P]: tokens [B, P + length] and the final hidden
+    state at every position [B, P + length, D] (position t's state predicts token t + 1)."""
     b, p = prompts.shape
     cache = KVCache(TARGET, batch=b, capacity=p + length, device="cpu", dtype=torch.float32)
     zeros = torch.zeros(b, dtype=torch.int64)
     positions = torch.arange(p).expand(b, p)
-    hidden = target.forward(
-        prompts, cache, positions=positions, slots=positions, mask=causal_mask(zeros, p), kv_len=p, uniform_start=0
-    )
-    last = hidden[:, -1]  # [B, D] predicts the first generated token
-    tokens, states = [], []
+    states = [target.forward(prompts, cache, positions=positions, slots=positions, mask=causal_mask(zeros, p), kv_len=p, uniform_start=0)]
+    tokens = [prompts]
+    last = states[0][:, -1]  # [B, D] predicts the first generated token
     for j in range(length):
         nxt = target.head(last).argmax(-1)  # [B]
-        tokens.append(nxt)
-        states.append(last)
+        tokens.append(nxt[:, None])
         pos = torch.full((b, 1), p + j)
-        last = target.forward(
-            nxt[:, None], cache, positions=pos, slots=pos, mask=causal_mask(zeros + p + j, 1), kv_len=p + j + 1, uniform_start=p + j
-        )[:, -1]
-    return torch.stack(tokens, 1), torch.stack(states, 1)
+        states.append(
+            target.forward(nxt[:, None], cache, positions=pos, slots=pos, mask=causal_mask(zeros + p + j, 1), kv_len=p + j + 1, uniform_start=p + j)
+        )
+        last = states[-1][:, -1]
+    return torch.cat(tokens, 1), torch.cat(states, 1)
 
 
-def drafter_examples(tokens: torch.Tensor, states: torch.Tensor, block: int):
-    """(hidden [M, D], root [M], labels [M, block]) from rollouts: root = token j, labels = j+1..j+block."""
-    b, length = tokens.shape
-    usable = length - block
-    hidden = states[:, :usable].reshape(b * usable, -1)
-    root = tokens[:, :usable].reshape(-1)
-    labels = torch.stack([tokens[:, j + 1 : j + 1 + block] for j in range(usable)], 1).reshape(b * usable, block)
-    return hidden, root, labels
+def _all_examples(roll: Rollouts, limit: int):
+    """A deterministic evaluation set: every root position of the first rollouts, up to ``limit``."""
+    rows = torch.arange(roll.tokens.shape[0]).repeat_interleave(len(roll.roots))
+    roots = torch.tensor(list(roll.roots)).repeat(roll.tokens.shape[0])
+    return rows[:limit], roots[:limit]
 
 
 @torch.no_grad()
-def evaluate_drafter(drafter: BlockDrafter, hidden, root, labels) -> dict:
-    """Per-slot top-1 accuracy and loss, and the expected accepted length of a greedy chain."""
+def evaluate_drafter(drafter: BlockDrafter, roll: Rollouts, limit: int = 1 << 30) -> dict:
+    """Per-slot top-1 accuracy and loss, and the accepted length of the drafter's top-1 chain."""
     drafter.eval()
-    logits = torch.cat([drafter(h.float(), r) for h, r in zip(hidden.split(1024), root.split(1024))])
-    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten()).item()
-    hit = logits.argmax(-1) == labels  # [M, K]
-    chain = hit.long().cumprod(1).sum(1).float().mean().item()  # leading correct slots of the top-1 chain
+    rows, roots = _all_examples(roll, limit)
+    losses, hits = [], []
+    for r, p in zip(rows.split(1024), roots.split(1024)):
+        hidden, root, win_tok, win_hid, labels = roll.examples(r, p)
+        logits = drafter(hidden, root, win_tok, win_hid)
+        losses.append(F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum").item())
+        hits.append(logits.argmax(-1) == labels)  # [m, K]
+    hit = torch.cat(hits)
+    chain = hit.long().cumprod(1).sum(1).float().mean().item()  # leading correct slots
     drafter.train()
     return {
-        "loss": round(loss, 4),
+        "loss": round(sum(losses) / hit.numel(), 4),
         "slot_accuracy": [round(x, 4) for x in hit.float().mean(0).tolist()],
         "top1_chain_accept_length": round(1 + chain, 4),
     }
 
 
-def train_drafter(settings: Settings, examples, held_examples, log) -> tuple[BlockDrafter, list]:
+def train_drafter(settings: Settings, roll: Rollouts, held: Rollouts, log) -> tuple[BlockDrafter, list]:
     torch.manual_seed(settings.seed + 2)
     drafter = BlockDrafter(DRAFTER)
     opt = _optimizer(drafter, settings.drafter_lr)
     gen = torch.Generator().manual_seed(settings.seed + 3)
-    hidden, root, labels = examples
+    first, stop = roll.roots.start, roll.roots.stop
     curve = []
     t0 = time.perf_counter()
     for step in range(settings.drafter_steps):
         for group in opt.param_groups:
             group["lr"] = _lr(step, settings.drafter_steps, settings.drafter_lr, settings.warmup)
-        pick = torch.randint(0, root.numel(), (settings.drafter_batch,), generator=gen)
-        logits = drafter(hidden[pick].float(), root[pick])
-        loss = F.cross_entropy(logits.flatten(0, 1), labels[pick].flatten())
+        rows = torch.randint(0, roll.tokens.shape[0], (settings.drafter_batch,), generator=gen)
+        roots = torch.randint(first, stop, (settings.drafter_batch,), generator=gen)
+        hidden, root, win_tok, win_hid, labels = roll.examples(rows, roots)
+        logits = drafter(hidden, root, win_tok, win_hid)
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -215,79 +255,115 @@ def train_drafter(settings: Settings, examples, held_examples, log) -> tuple[Blo
         if (step + 1) % settings.log_every == 0 or step + 1 == settings.drafter_steps:
             point = {"step": step + 1, "loss": round(loss.item(), 4), "wall_s": round(time.perf_counter() - t0, 1)}
             if (step + 1) % (settings.log_every * 4) == 0 or step + 1 == settings.drafter_steps:
-                point["heldout"] = evaluate_drafter(drafter, *(x[:2048] for x in held_examples))
+                point["heldout"] = evaluate_drafter(drafter, held, limit=2048)
             curve.append(point)
             log(f"drafter step {step + 1}/{settings.drafter_steps} loss {loss.item():.3f} ({point['wall_s']}s) {point.get('heldout', '')}")
     drafter.eval()
     return drafter, curve
 
 
-def _collect(target: Transformer, text: torch.Tensor, settings: Settings, batches: int, batch: int, seed: int, log):
+def collect_rollouts(target: Transformer, text: torch.Tensor, settings: Settings, batches: int, batch: int, seed: int, log) -> Rollouts:
     gen = torch.Generator().manual_seed(seed)
-    parts = []
+    tokens, hidden = [], []
     for i in range(batches):
         prompts = _windows(text, batch, settings.rollout_prompt, gen)
-        tokens, states = rollouts(target, prompts, settings.rollout_len)
-        hidden, root, labels = drafter_examples(tokens, states, DRAFTER.block)
-        parts.append((hidden.half(), root, labels))
+        t, h = rollouts(target, prompts, settings.rollout_len)
+        tokens.append(t)
+        hidden.append(h.half())
         log(f"rollouts {i + 1}/{batches}")
-    return tuple(torch.cat([p[k] for p in parts]) for k in range(3))
+    return Rollouts(tokens=torch.cat(tokens), hidden=torch.cat(hidden), prompt=settings.rollout_prompt)
 
 
-def train(settings: Settings = Settings(), *, out_dir: str | Path = CHECKPOINT_DIR, log=print) -> dict:
-    """Train both models, write ``target.safetensors``, ``drafter.safetensors`` and ``train_log.json``."""
-    torch.set_num_threads(settings.threads)
-    torch.use_deterministic_algorithms(True)
-    t_start = time.perf_counter()
-    text = torch.frombuffer(bytearray(data.training_text()), dtype=torch.uint8)
-    held_text = torch.frombuffer(bytearray(data.heldout_text()), dtype=torch.uint8)
-    held = _evenly(held_text, settings.eval_windows, settings.seq_len + 1)
-
-    target, target_curve = train_target(settings, text, held, log)
-    target_s = time.perf_counter() - t_start
-    target_eval = evaluate_target(target, held)
-    log(f"target held-out: {target_eval}")
-
-    t1 = time.perf_counter()
-    examples = _collect(target, text, settings, settings.rollout_batches, settings.rollout_batch, settings.seed + 4, log)
-    held_examples = _collect(target, held_text, settings, 1, settings.eval_rollouts, settings.seed + 5, log)
-    rollout_s = time.perf_counter() - t1
-
-    t2 = time.perf_counter()
-    drafter, drafter_curve = train_drafter(settings, examples, held_examples, log)
-    drafter_s = time.perf_counter() - t2
-    drafter_eval = evaluate_drafter(drafter, *held_examples)
-    log(f"drafter held-out: {drafter_eval}")
-
-    out = Path(out_dir)
-    save_weights(out / "target.safetensors", target.state_dict(), config=TARGET.to_dict())
-    save_weights(out / "drafter.safetensors", drafter.state_dict(), config=DRAFTER.to_dict())
+def _record_base(settings: Settings) -> dict:
     train_files, held_files = data.corpus_files()
-    record = {
+    return {
         "format": "perfkit-train-log",
         "version": 1,
         "settings": asdict(settings),
         "target_config": TARGET.to_dict(),
         "drafter_config": DRAFTER.to_dict(),
-        "parameters": {
-            "target": sum(p.numel() for p in target.parameters()),
-            "drafter": sum(p.numel() for p in drafter.parameters()),
-        },
         "corpus": {
             "training_files": len(train_files),
             "training_bytes": len(data.training_text()),
             "heldout_files": [os.path.basename(f) for f in held_files],
             "heldout_bytes": len(data.heldout_text()),
         },
-        "target": {"curve": target_curve, "heldout": {k: round(v, 4) for k, v in target_eval.items()}},
-        "drafter": {"examples": int(examples[1].numel()), "curve": drafter_curve, "heldout": drafter_eval},
-        "wall_s": {
-            "target": round(target_s, 1),
-            "rollouts": round(rollout_s, 1),
-            "drafter": round(drafter_s, 1),
-            "total": round(time.perf_counter() - t_start, 1),
-        },
         "machine": {"python": platform.python_version(), "torch": torch.__version__, "threads": settings.threads},
+    }
+
+
+def _stage_one(settings: Settings, out: Path, text, held, log) -> tuple[Transformer, dict]:
+    """Train the target and write it (and a log of this stage) at once, before the drafter."""
+    t0 = time.perf_counter()
+    target, curve = train_target(settings, text, held, log)
+    heldout = evaluate_target(target, held)
+    log(f"target held-out: {heldout}")
+    section = {
+        "parameters": sum(p.numel() for p in target.parameters()),
+        "curve": curve,
+        "heldout": {k: round(v, 4) for k, v in heldout.items()},
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+    save_weights(out / "target.safetensors", target.state_dict(), config=TARGET.to_dict())
+    _write_json(out / "train_log.json", _record_base(settings) | {"target": section})
+    return target, section
+
+
+def _reuse_stage_one(settings: Settings, out: Path, log) -> tuple[Transformer, dict]:
+    """The target a previous run of this script wrote to ``out`` with the same settings."""
+    weights, config, _ = load_weights(out / "target.safetensors")
+    previous = json.loads((out / "train_log.json").read_text())
+    same = _record_base(settings)
+    for key in ("settings", "target_config", "corpus", "machine"):
+        if previous.get(key) != same[key]:
+            raise UserError(f"--reuse-target: {out / 'train_log.json'} was written with a different {key}")
+    if config != TARGET.to_dict():
+        raise UserError("--reuse-target: the stored target has a different configuration")
+    target = Transformer(TARGET)
+    target.load_state_dict(weights)
+    log(f"reusing the target in {out} (stage 1 is deterministic; its log is kept)")
+    return target.eval(), previous["target"]
+
+
+def train(settings: Settings = Settings(), *, out_dir: str | Path = CHECKPOINT_DIR, log=print, reuse_target: bool = False) -> dict:
+    """Train both models, write ``target.safetensors``, ``drafter.safetensors`` and ``train_log.json``.
+
+    ``reuse_target``: skip stage 1 and take the target this script already wrote to ``out_dir``
+    with identical settings (the drafter stage depends only on that target and the settings).
+    """
+    torch.set_num_threads(settings.threads)
+    torch.use_deterministic_algorithms(True)
+    out = Path(out_dir)
+    text = torch.frombuffer(bytearray(data.training_text()), dtype=torch.uint8)
+    held_text = torch.frombuffer(bytearray(data.heldout_text()), dtype=torch.uint8)
+    held = _evenly(held_text, settings.eval_windows, settings.seq_len + 1)
+    if reuse_target:
+        target, target_section = _reuse_stage_one(settings, out, log)
+    else:
+        target, target_section = _stage_one(settings, out, text, held, log)
+
+    t1 = time.perf_counter()
+    roll = collect_rollouts(target, text, settings, settings.rollout_batches, settings.rollout_batch, settings.seed + 4, log)
+    held_roll = collect_rollouts(target, held_text, settings, 1, settings.eval_rollouts, settings.seed + 5, log)
+    rollout_s = time.perf_counter() - t1
+
+    t2 = time.perf_counter()
+    drafter, drafter_curve = train_drafter(settings, roll, held_roll, log)
+    drafter_s = time.perf_counter() - t2
+    drafter_eval = evaluate_drafter(drafter, held_roll)
+    log(f"drafter held-out: {drafter_eval}")
+
+    save_weights(out / "drafter.safetensors", drafter.state_dict(), config=DRAFTER.to_dict())
+    record = _record_base(settings) | {
+        "target": target_section,
+        "drafter": {
+            "parameters": sum(p.numel() for p in drafter.parameters()),
+            "rollouts": int(roll.tokens.shape[0]),
+            "examples": roll.tokens.shape[0] * len(roll.roots),
+            "curve": drafter_curve,
+            "heldout": drafter_eval,
+            "wall_s": {"rollouts": round(rollout_s, 1), "training": round(drafter_s, 1)},
+        },
     }
     _write_json(out / "train_log.json", record)
     return record
@@ -307,12 +383,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="perfkit engine train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(CHECKPOINT_DIR), help="where checkpoints and train_log.json go")
     parser.add_argument("--quick", action="store_true", help="a few steps of each stage (smoke test, useless weights)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default 2)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default 1, see Settings)")
+    parser.add_argument(
+        "--reuse-target", action="store_true", help="keep the target a previous run wrote to --out (same settings); train the drafter only"
+    )
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else Settings()
     if args.threads:
         settings = replace(settings, threads=args.threads)
-    train(settings, out_dir=args.out, log=lambda line: print(line, flush=True))
+    train(settings, out_dir=args.out, log=lambda line: print(line, flush=True), reuse_target=args.reuse_target)
     return 0
 
 
