@@ -27,10 +27,10 @@ The vectorized builder computes the same order depth by depth. At depth d the be
 -score, then parent position at depth d-1, then rank) are children of the best nodes at depth d-1,
 and child (i, r) of the i-th parent can only be among the best N - d + 1 when (i+1)(r+1) <= N - d + 1
 (every (i', r') with i' <= i, r' <= r precedes it), so each depth looks at about N ln N candidates,
-not N * R. Score and tie-break are packed into one unique int64 key (score * 2**20 - candidate
-index), so ``topk`` selects and orders exactly, with no sort and no tie fix-up. A final topk over
-all depths, candidates ordered by (depth, position), gives the pop order (ties: shallower first,
-then position within the depth, which is the heap's parent index and rank).
+not N * R. Score and tie-break are packed into one unique int64 key, score * 2**20 - (i * R + r),
+so ``topk`` selects and orders exactly, with no sort and no tie fix-up. A final topk over all
+depths, slots ordered by (depth, position), gives the pop order (ties: shallower first, then
+position within the depth, which is the heap's parent index and rank).
 """
 
 from __future__ import annotations
@@ -74,6 +74,8 @@ def _check(logprobs: torch.Tensor, budget: int) -> tuple[int, int, int]:
             break
     if reachable < budget:
         raise UserError(f"budget {budget} exceeds the {reachable} nodes a depth-{k}, top-{r} tree can hold")
+    if budget * r >= 1 << _INDEX_BITS or k * budget >= 1 << _INDEX_BITS:
+        raise UserError(f"budget {budget} at depth {k}, top-{r} is too large for the tie-break bits of the tree keys")
     return b, k, r
 
 
@@ -162,39 +164,59 @@ _plan_tensors: dict = {}
 _LOW = (1 << _INDEX_BITS) - 1  # the tie-break bits of a key
 
 
-def _plan_on(budget: int, depth: int, ranks: int, device):
-    """The plan as device tensors, built once per shape and device (see ``_plan``).
+class _Plan:
+    """``_plan`` as device tensors, built once per (budget, depth, ranks, device).
 
-    Returns (levels, q_index, tie, table_pos, table_rank, widths): per depth >= 2 (pos [C], kept);
-    q_index [sum C], the flat index (d * R + rank) of every candidate's log-prob, all depths
-    concatenated; tie [sum C], minus each candidate's index within its depth; table_pos and
-    table_rank, the parent position and rank of every candidate of every depth (depth 1 first).
+    levels: per depth >= 2, (pos [C], rank [C], kept); table_pos / table_rank: parent position and
+    rank of every candidate of every depth, depth 1 first; widths: nodes kept per depth; sizes:
+    candidates per depth; and per flat slot of the merged depths (depth 1 first): -slot (tie-break),
+    its depth, its depth's offset into the tables, and per depth the slot offset of the depth above.
     """
+
+    def __init__(self, budget: int, depth: int, ranks: int, device):
+        plan = _plan(budget, depth, ranks)
+        first = min(budget, ranks)
+        t = functools.partial(torch.tensor, dtype=torch.int64, device=device)
+        self.levels = [(t(p), t(r), kept) for p, r, kept in plan]
+        self.table_pos = t([-1] * first + [x for p, _, _ in plan for x in p])
+        self.table_rank = t(list(range(first)) + [x for _, r, _ in plan for x in r])
+        self.widths = [first] + [kept for _, _, kept in plan]
+        sizes = [first] + [len(p) for p, _, _ in plan]
+        slot_depth, table_offset, starts = [], [], []
+        slot, cand = 0, 0
+        for d, (width, size) in enumerate(zip(self.widths, sizes)):
+            starts.append(slot)
+            slot_depth += [d] * width
+            table_offset += [cand] * width
+            slot += width
+            cand += size
+        self.slot_tie = -torch.arange(slot, device=device)
+        self.slot_depth = t(slot_depth)
+        self.table_offset = t(table_offset)
+        self.above = t([0] + starts[:-1])  # slot offset of the depth above (where parents live)
+        self.arange = torch.arange(max(self.widths + [ranks, budget]), device=device)
+        self.parent_tie = self.arange * ranks  # i * R for parent position i
+
+
+def _plan_on(budget: int, depth: int, ranks: int, device) -> _Plan:
     key = (budget, depth, ranks, str(device))
     got = _plan_tensors.get(key)
     if got is None:
-        plan = _plan(budget, depth, ranks)
-        first = min(budget, ranks)
-        q_index, tie = [], []
-        for d, (p, r, _) in enumerate(plan, start=1):
-            q_index += [d * ranks + x for x in r]
-            tie += [-i for i in range(len(p))]
-        table_pos = [-1] * first + [x for p, _, _ in plan for x in p]
-        table_rank = list(range(first)) + [x for _, r, _ in plan for x in r]
-        t = functools.partial(torch.tensor, dtype=torch.int64, device=device)
-        got = (
-            [(t(p), kept) for p, _, kept in plan],
-            t(q_index),
-            t(tie),
-            t(table_pos),
-            t(table_rank),
-            [first] + [kept for _, _, kept in plan],
-            [first] + [len(p) for p, _, _ in plan],
-        )
         if len(_plan_tensors) > 64:
             _plan_tensors.clear()
-        _plan_tensors[key] = got
+        got = _plan_tensors[key] = _Plan(budget, depth, ranks, device)
     return got
+
+
+def _top(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest of distinct ``keys`` [B, C] per row, largest first: (values, column indices).
+
+    An unsorted topk then a sort of the k winners: on CPUs several times cheaper than a sorted
+    topk. Keys are distinct, so the result is fully determined.
+    """
+    values, index = torch.topk(keys, k, dim=1, sorted=False)
+    values, order = torch.sort(values, dim=1, descending=True)
+    return values, index.gather(1, order)
 
 
 def build_tree_vectorized(logprobs: torch.Tensor, budget: int) -> DraftTree:
@@ -203,20 +225,21 @@ def build_tree_vectorized(logprobs: torch.Tensor, budget: int) -> DraftTree:
     b, k, r = _check(logprobs, budget)
     dev = logprobs.device
     n = budget
-    levels, q_index, tie, table_pos, table_rank, widths, sizes = _plan_on(n, k, r, dev)
-    q = fixed_point(logprobs)  # [B, K, R]
-    # Keys: score << 20 in the high bits, minus the candidate's index in the low bits, so that the
-    # larger key is the earlier node and every key of a depth is distinct.
-    q_keys = (q.reshape(b, k * r)[:, q_index] << _INDEX_BITS) + tie  # [B, sum C] all depths at once
-    score = q[:, 0, : widths[0]] << _INDEX_BITS  # [B, P] depth-1 scores (shifted), in order
+    plan = _plan_on(n, k, r, dev)
+    # Keys: score << 20 in the high bits, minus a tie-break in the low bits, so that the larger
+    # key is the earlier node and all keys of a depth differ. Candidate (i, r) of parent position
+    # i and rank r breaks ties by i * R + r, split into a parent part and a rank part so that a
+    # key is one gather from each and an add.
+    qs = fixed_point(logprobs) << _INDEX_BITS  # [B, K, R]
+    rank_part = qs - plan.arange[:r]  # [B, K, R]: (l_d[r] << 20) - r
+    score = qs[:, 0, : plan.widths[0]]  # [B, P] depth-1 scores (shifted), already in order
     level_scores = [score]
-    level_picks = [torch.arange(widths[0], device=dev).expand(b, widths[0])]
-    start = 0
-    for pos, kept in levels:
+    level_picks = [plan.arange[: plan.widths[0]].expand(b, plan.widths[0])]
+    for d, (pos, rank, kept) in enumerate(plan.levels, start=1):
         c = pos.shape[0]
-        key = score.gather(1, pos.expand(b, c)) + q_keys[:, start : start + c]  # [B, C]
-        start += c
-        top, pick = torch.topk(key, kept, dim=1)  # [B, kept], best first
+        parent_part = score - plan.parent_tie[: score.shape[1]]  # [B, P]: (s_i << 20) - i * R
+        key = parent_part.gather(1, pos.expand(b, c)) + rank_part[:, d].gather(1, rank.expand(b, c))  # [B, C]
+        top, pick = _top(key, kept)  # [B, kept], best first
         score = (top + _LOW) & ~_LOW  # drop the tie-break bits: the shifted score
         level_scores.append(score)
         level_picks.append(pick)
@@ -224,48 +247,20 @@ def build_tree_vectorized(logprobs: torch.Tensor, budget: int) -> DraftTree:
     # Merge the depths: flat slots ordered by (depth, position), so equal scores go shallow first.
     all_scores = torch.cat(level_scores, 1)  # [B, W], shifted
     w = all_scores.shape[1]
-    slot_tie = _slot_tie(widths, sizes, dev)
-    top, order = torch.topk(all_scores + slot_tie[0], n, dim=1)  # [B, n] flat slot, in pop order
-    depth0 = slot_tie[1][order]  # [B, n] 0-based depth
-    cand = (torch.cat(level_picks, 1) + slot_tie[2]).gather(1, order)  # [B, n] row of the tables
+    top, order = _top(all_scores + plan.slot_tie, n)  # [B, n] flat slot, in pop order
+    depth0 = plan.slot_depth[order]  # [B, n] 0-based depth
+    cand = (torch.cat(level_picks, 1) + plan.table_offset).gather(1, order)  # [B, n] row of the tables
     # Tree index of every flat slot, then look parents up in it.
     where = torch.empty((b, w), dtype=torch.int64, device=dev)
-    where.scatter_(1, order, torch.arange(n, device=dev).expand(b, n))
-    parent_slot = (slot_tie[3][depth0] + table_pos[cand]).clamp(min=0)
+    where.scatter_(1, order, plan.arange[:n].expand(b, n))
+    parent_slot = (plan.above[depth0] + plan.table_pos[cand]).clamp(min=0)
     parents = torch.where(depth0 > 0, where.gather(1, parent_slot), -1)
     return DraftTree(
-        ranks=table_rank[cand],
+        ranks=plan.table_rank[cand],
         parents=parents,
         depths=depth0 + 1,
         scores=(top + _LOW) >> _INDEX_BITS,
     )
-
-
-@functools.lru_cache(maxsize=64)
-def _slot_tie_cached(widths: tuple, sizes: tuple, device: str):
-    w = sum(widths)
-    slot_depth, table_offset, prev_start = [], [], []
-    slot_start, cand_start = 0, 0
-    starts = []
-    for d, (width, size) in enumerate(zip(widths, sizes)):
-        starts.append(slot_start)
-        slot_depth += [d] * width
-        table_offset += [cand_start] * width
-        slot_start += width
-        cand_start += size
-    prev = [0] + starts[:-1]  # slot offset of the previous depth (parents live there)
-    return (
-        -torch.arange(w, device=device),  # tie-break: earlier slot first
-        torch.tensor(slot_depth, dtype=torch.int64, device=device),
-        torch.tensor(table_offset, dtype=torch.int64, device=device),
-        torch.tensor(prev, dtype=torch.int64, device=device),
-    )
-
-
-def _slot_tie(widths, sizes, device):
-    """Per flat slot: -slot (tie-break), its depth, its depth's offset into the candidate tables;
-    and per depth the slot offset of the depth above."""
-    return _slot_tie_cached(tuple(widths), tuple(sizes), str(device))
 
 
 BUILDERS = {"heap": build_tree_heap, "vectorized": build_tree_vectorized}
