@@ -19,6 +19,7 @@ _DELEGATED = {
     "env": "perfkit.machine",
     "gpu-check": "perfkit.gpucheck",
     "roofline": "perfkit.roofline",
+    "overhead": "perfkit.overhead",
 }
 
 

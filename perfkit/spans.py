@@ -211,16 +211,22 @@ def _flush_at_exit() -> None:
 # --- CUDA detection ------------------------------------------------------------------------------
 
 
+_cuda_available: bool | None = None  # asked once per process: is_available() costs ~0.6 us a call
+
+
 def _cuda():
     """torch.cuda when CUDA timing applies (torch imported and CUDA initialised), else None."""
+    global _cuda_available
     torch = sys.modules.get("torch")
     if torch is None:
         return None
-    try:
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            return torch.cuda
-    except Exception:  # a broken driver means host timing, not a crash in the engine
-        return None
+    if _cuda_available is None:
+        try:
+            _cuda_available = bool(torch.cuda.is_available())
+        except Exception:  # a broken driver means host timing, not a crash in the engine
+            _cuda_available = False
+    if _cuda_available and torch.cuda.is_initialized():
+        return torch.cuda
     return None
 
 

@@ -157,6 +157,7 @@ def test_cuda_path_uses_events_and_nvtx_without_sync_per_call(log, monkeypatch):
     """The CUDA code path, exercised with a stand-in torch.cuda (no GPU here)."""
     nvtx = []
     monkeypatch.setitem(sys.modules, "torch", _fake_torch(nvtx))
+    monkeypatch.setattr(spans, "_cuda_available", None)  # ask the stand-in, not the cached answer
     _FakeEvent.synced = 0
     with spans.capture() as cap:
         with spans.span(STEP):
