@@ -6,19 +6,29 @@ A probe drives it like this::
     from perfkit.spans import capture
 
     engine = load_engine("shipped", device="cpu", dtype="fp32")   # or "tiny-random", "moe-random"
-    prompts = data.sample_prompts(1, 256)                          # held-out stdlib text, bytes
+    prompts = data.sample_prompts(1, 256)                          # held-out stdlib source, bytes
     with capture() as cap:
         result = engine.generate(prompts, max_new_tokens=64, mode="spec", budget=32,
                                  tree="vectorized", mask="compact", context=8192, fill="approx")
-    result.decode_tok_s, result.mean_accept_length                # GenerateResult fields
-    cap.steps()     # per decode step: {"step": s, "draft": s, ..., "kv_commit": s, "unattributed": s}
+    result.decode_tok_s, result.mean_accept_length, result.accept_lengths   # GenerateResult
+    cap.steps()     # one dict per decode step: {"step": s, "draft": s, "tree_build": s,
+                    #   "prepare_for_verify": s, "verify_forward": s, "accept": s, "kv_commit": s,
+                    #   "unattributed": s}, seconds
     cap.samples("prepare_for_verify")                             # seconds, one per step
 
-Pieces: ``model`` (target, ModelConfig, KVCache), ``drafter`` (block drafter), ``decode`` (Engine,
-GenerateResult, the step loop), ``checkpoints`` (weights format, presets, load_engine), ``data``
-(stdlib text, byte encode/decode), ``train`` (the training script), ``bench``/``benchmarks``/``cli``
-(``perfkit engine bench|benchmarks|train``). Kernels benchmarked in isolation live in
-``perfkit.kernels``. Imports are lazy so that ``import perfkit.engine`` does not load torch.
+``mode="ar"`` decodes one token per step with the same model and cache (steps then have
+verify_forward, accept and kv_commit). ``context=N`` makes every cached prefix N tokens long;
+``fill="approx"`` fills long prefixes in seconds (cache size and attention cost real, contents
+approximate; the result says which fill was used). Greedy speculative output is token-identical to
+greedy autoregressive output. With ``PERFKIT_PROFILE=1`` every phase also logs
+``[perfkit-prof] <phase>: n=50 mean=... last=...`` lines and a summary at exit.
+
+Pieces: ``model`` (target, ModelConfig, KVCache), ``drafter`` (block drafter, DrafterConfig),
+``decode`` (Engine, GenerateResult, the step loop), ``checkpoints`` (weights format, presets,
+``load_engine``), ``data`` (stdlib text, byte encode/decode, held-out prompts), ``train`` (the
+training script: ``perfkit engine train``), ``bench`` / ``benchmarks`` / ``cli``
+(``perfkit engine bench|benchmarks|train``). The kernels probes time in isolation live in
+``perfkit.kernels``. Imports are lazy: ``import perfkit.engine`` does not load torch.
 """
 
 from __future__ import annotations

@@ -21,29 +21,36 @@ def _median_s(fn, *, quick: bool) -> float:
     return statistics.median(samples)
 
 
-def spec_figures(*, quick: bool, device: str = "cpu", budget: int = 32) -> dict:
-    """Accept length on held-out prompts, and spec vs AR decode speed at ~1k context, batch 1."""
+def spec_figures(*, quick: bool, device: str = "cpu", budget: int = 32, budgets: tuple = (4, 8, 16, 32)) -> dict:
+    """Accept length on held-out prompts at ``budget``; spec vs AR decode speed at ~1k context,
+    batch 1, for each of ``budgets`` (AR and spec runs alternate; medians of the repeats)."""
     from perfkit.engine import data
     from perfkit.engine.checkpoints import load_engine
 
     engine = load_engine("shipped", device=device)
     n_prompts, gen = (4, 64) if quick else (16, 128)
-    prompts = data.sample_prompts(n_prompts, 256)
     accept = []
-    for p in prompts:
-        r = engine.generate([p], max_new_tokens=gen, mode="spec", budget=budget)
-        accept.extend(r.accept_lengths)
+    for p in data.sample_prompts(n_prompts, 256):
+        accept.extend(engine.generate([p], max_new_tokens=gen, mode="spec", budget=budget).accept_lengths)
     ctx_prompt = data.sample_prompts(1, 256, seed=7)
     opts = dict(max_new_tokens=64 if quick else 128, context=1024)
-    engine.generate(ctx_prompt, max_new_tokens=8, context=1024, mode="spec", budget=budget)  # warm-up
-    engine.generate(ctx_prompt, max_new_tokens=8, context=1024, mode="ar")
-    ar_runs, spec_runs, spec_accept = [], [], []
+    engine.generate(ctx_prompt, max_new_tokens=8, context=1024, mode="ar")  # warm-up
+    rows = {"ar": []} | {b: [] for b in budgets}
+    accepts = {b: [] for b in budgets}
     for _ in range(2 if quick else 5):
-        ar_runs.append(engine.generate(ctx_prompt, mode="ar", **opts).decode_tok_s)
-        s = engine.generate(ctx_prompt, mode="spec", budget=budget, **opts)
-        spec_runs.append(s.decode_tok_s)
-        spec_accept.append(s.mean_accept_length)
-    ar, spec = statistics.median(ar_runs), statistics.median(spec_runs)
+        rows["ar"].append(engine.generate(ctx_prompt, mode="ar", **opts).decode_tok_s)
+        for b in budgets:
+            # batch 1: the per-request heap is the cheaper tree builder here (see tree_build figures)
+            r = engine.generate(ctx_prompt, mode="spec", budget=b, tree="heap", **opts)
+            rows[b].append(r.decode_tok_s)
+            accepts[b].append(r.mean_accept_length)
+    ar = statistics.median(rows["ar"])
+    sweep = [
+        {"budget": b, "spec_decode_tok_s": statistics.median(rows[b]), "accept_len": statistics.fmean(accepts[b]),
+         "speedup": statistics.median(rows[b]) / ar}
+        for b in budgets
+    ]
+    best = max(sweep, key=lambda r: r["speedup"])
     return {
         "budget": budget,
         "heldout_prompts": n_prompts,
@@ -51,9 +58,8 @@ def spec_figures(*, quick: bool, device: str = "cpu", budget: int = 32) -> dict:
         "heldout_accept_len": statistics.fmean(accept),
         "ctx": 1024,
         "ar_decode_tok_s": ar,
-        "spec_decode_tok_s": spec,
-        "spec_accept_len_at_ctx": statistics.fmean(spec_accept),
-        "speedup": spec / ar,
+        "sweep": sweep,
+        "best": best,
     }
 
 
@@ -125,8 +131,13 @@ def format_benchmarks(record: dict) -> str:
         "",
         f"Spec decode, shipped weights, budget {s['budget']}",
         f"  accept length on held-out text ({s['heldout_prompts']} prompts x {s['heldout_gen']} tokens): {s['heldout_accept_len']:.2f}",
-        f"  ctx {s['ctx']}, batch 1: AR {s['ar_decode_tok_s']:.1f} tok/s, spec {s['spec_decode_tok_s']:.1f} tok/s "
-        f"(accept {s['spec_accept_len_at_ctx']:.2f}) -> spec/AR {s['speedup']:.2f}x",
+        f"  ctx {s['ctx']}, batch 1, tree=heap: AR {s['ar_decode_tok_s']:.1f} tok/s",
+    ]
+    for r in s["sweep"]:
+        lines.append(
+            f"    spec budget {r['budget']:>3}: {r['spec_decode_tok_s']:>7.1f} tok/s  accept {r['accept_len']:.2f}  spec/AR {r['speedup']:.2f}x"
+        )
+    lines += [
         "",
         "Tree build (8 depths): heapq reference vs vectorized",
         f"  {'batch':>5} {'budget':>6} {'heap_ms':>9} {'vector_ms':>9} {'speedup':>8} same_trees",

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from perfkit.errors import UserError
-from perfkit.kernels.verify_attention import attend, dense_mask
+from perfkit.kernels.verify_attention import attend, attention_bias, dense_mask
 from perfkit.kernels.verify_mask import VerifyMask
 
 __all__ = ["ModelConfig", "KVCache", "Transformer"]
@@ -155,14 +155,14 @@ class Attention(nn.Module):
         xv = qkv[:, :, c.n_heads + c.n_kv_heads :]
         return xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2)  # [B, H|G, Q, E]
 
-    def forward_cached(self, x, cos, sin, cache: KVCache, layer: int, slots, uniform_start, dense, kv_len: int):
-        """x: [B, Q, D]; attends cache slots [0, kv_len) where ``dense`` [B, 1, Q, kv_len] allows."""
+    def forward_cached(self, x, cos, sin, cache: KVCache, layer: int, slots, uniform_start, bias, kv_len: int):
+        """x: [B, Q, D]; attends cache slots [0, kv_len) under the additive ``bias`` [B, 1, Q, kv_len]."""
         b, q, _ = x.shape
         xq, xk, xv = self._project(x, cos, sin)
         cache.write(layer, xk, xv, slots, uniform_start)
         keys = cache.kv[layer, 0, :, :, :kv_len]  # [B, G, S, E]
         values = cache.kv[layer, 1, :, :, :kv_len]
-        out = attend(xq, keys, values, dense)  # [B, H, Q, E]
+        out = attend(xq, keys, values, bias)  # [B, H, Q, E]
         return self.wo(out.transpose(1, 2).reshape(b, q, -1))
 
     def forward_sequence(self, x, cos, sin):
@@ -271,10 +271,10 @@ class Transformer(nn.Module):
         """
         cos_t, sin_t = self.rope(int(kv_len), tokens.device)
         cos, sin = cos_t[positions], sin_t[positions]  # [B, Q, E/2]
-        dense = dense_mask(mask, kv_len)  # [B, 1, Q, kv_len] or None, shared by every layer
+        bias = attention_bias(dense_mask(mask, kv_len), self.embed.weight.dtype)  # [B, 1, Q, kv_len], every layer
         x = self.embed(tokens)  # [B, Q, D]
         for i, block in enumerate(self.blocks):
-            x = x + block.attn.forward_cached(block.attn_norm(x), cos, sin, cache, i, slots, uniform_start, dense, kv_len)
+            x = x + block.attn.forward_cached(block.attn_norm(x), cos, sin, cache, i, slots, uniform_start, bias, kv_len)
             x = x + block.ffn(block.ffn_norm(x))
         return self.norm(x)
 

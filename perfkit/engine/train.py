@@ -45,7 +45,7 @@ TARGET = ModelConfig(
     vocab_size=data.VOCAB_SIZE, d_model=192, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=48, d_ff=512
 )
 DRAFTER = DrafterConfig(
-    vocab_size=data.VOCAB_SIZE, target_d_model=TARGET.d_model, d_model=192, n_layers=2, n_heads=4, d_ff=512, block=8, window=32
+    vocab_size=data.VOCAB_SIZE, target_d_model=TARGET.d_model, d_model=128, n_layers=2, n_heads=4, d_ff=384, block=8, window=32
 )
 
 
@@ -57,15 +57,15 @@ class Settings:
     # One thread: on a shared 2-core machine a second intra-op thread stalls whenever the other
     # core is busy (2x slower here); the weights are reproducible for a given thread count.
     threads: int = 1
-    seq_len: int = 256
-    target_batch: int = 16
+    seq_len: int = 1024  # so that ~1k-token contexts are in the positions the target was trained on
+    target_batch: int = 4
     target_steps: int = 1000
     target_lr: float = 3e-3
     warmup: int = 50
-    rollout_batch: int = 256
-    rollout_prompt: int = 64  # >= the drafter's window
-    rollout_len: int = 96
-    rollout_batches: int = 16
+    rollout_batch: int = 128
+    rollout_prompts: tuple = (64, 256, 512, 1024)  # prompt lengths, cycled over rollout batches
+    rollout_len: int = 64
+    rollout_batches: int = 32
     drafter_batch: int = 256
     drafter_steps: int = 1200
     drafter_lr: float = 2e-3
@@ -75,11 +75,12 @@ class Settings:
 
 
 QUICK = Settings(
-    target_steps=20, rollout_batch=32, rollout_batches=2, rollout_len=24, drafter_steps=20, eval_windows=8, eval_rollouts=32, log_every=10
+    seq_len=256, target_steps=20, rollout_batch=32, rollout_prompts=(64, 300), rollout_batches=2, rollout_len=24,
+    drafter_steps=20, eval_windows=8, eval_rollouts=32, log_every=10,
 )
 TINY = Settings(  # for tests: seconds, useless weights
-    seq_len=32, target_batch=2, target_steps=2, warmup=1, rollout_batch=4, rollout_batches=1, rollout_len=12,
-    drafter_batch=8, drafter_steps=2, eval_windows=2, eval_rollouts=4, log_every=1,
+    seq_len=32, target_batch=2, target_steps=2, warmup=1, rollout_batch=4, rollout_prompts=(40,), rollout_batches=1,
+    rollout_len=12, drafter_batch=8, drafter_steps=2, eval_windows=2, eval_rollouts=4, log_every=1,
 )
 
 
@@ -154,15 +155,16 @@ def train_target(settings: Settings, text: torch.Tensor, held: torch.Tensor, log
 
 @dataclass(frozen=True)
 class Rollouts:
-    """Greedy continuations: tokens [S, P + G] (prompt, then generated) and the target's final
-    hidden state at every position [S, P + G, D] (fp16 to halve the memory)."""
+    """Greedy continuations, cut to what drafter examples need: the last W + 1 prompt positions
+    and the generated ones. tokens [S, W + 1 + G]; hidden [S, W + 1 + G, D], the target's final
+    hidden state at each position (fp16 to halve the memory); generated tokens start at ``start``."""
 
     tokens: torch.Tensor
     hidden: torch.Tensor
-    prompt: int
+    start: int
 
     def examples(self, rows: torch.Tensor, roots: torch.Tensor):
-        """Drafter inputs and labels for roots at positions ``roots`` of rollouts ``rows`` (both [M]):
+        """Drafter inputs and labels for roots at columns ``roots`` of rollouts ``rows`` (both [M]):
         (hidden [M, D], root [M], window tokens [M, W], window hidden [M, W, D], labels [M, K])."""
         w, k = DRAFTER.window, DRAFTER.block
         win = roots[:, None] - w + torch.arange(w)  # [M, W]
@@ -178,8 +180,8 @@ class Rollouts:
 
     @property
     def roots(self) -> range:
-        """Root positions with a full window before and ``block`` labels after (generated text only)."""
-        return range(self.prompt, self.tokens.shape[1] - DRAFTER.block)
+        """Root columns with a full window before and ``block`` labels after (generated text only)."""
+        return range(self.start, self.tokens.shape[1] - DRAFTER.block)
 
 
 @torch.no_grad()
@@ -263,15 +265,19 @@ def train_drafter(settings: Settings, roll: Rollouts, held: Rollouts, log) -> tu
 
 
 def collect_rollouts(target: Transformer, text: torch.Tensor, settings: Settings, batches: int, batch: int, seed: int, log) -> Rollouts:
+    """``batches`` batches of greedy rollouts, prompt lengths cycling through ``rollout_prompts``
+    (long prompts put the drafter's examples at the positions long contexts reach)."""
     gen = torch.Generator().manual_seed(seed)
+    keep = DRAFTER.window + 1  # prompt positions a drafter example can look back to
     tokens, hidden = [], []
     for i in range(batches):
-        prompts = _windows(text, batch, settings.rollout_prompt, gen)
+        length = settings.rollout_prompts[i % len(settings.rollout_prompts)]
+        prompts = _windows(text, batch, length, gen)
         t, h = rollouts(target, prompts, settings.rollout_len)
-        tokens.append(t)
-        hidden.append(h.half())
-        log(f"rollouts {i + 1}/{batches}")
-    return Rollouts(tokens=torch.cat(tokens), hidden=torch.cat(hidden), prompt=settings.rollout_prompt)
+        tokens.append(t[:, length - keep :])
+        hidden.append(h[:, length - keep :].half())
+        log(f"rollouts {i + 1}/{batches} (prompts of {length} bytes)")
+    return Rollouts(tokens=torch.cat(tokens), hidden=torch.cat(hidden), start=keep)
 
 
 def _record_base(settings: Settings) -> dict:
@@ -313,7 +319,7 @@ def _reuse_stage_one(settings: Settings, out: Path, log) -> tuple[Transformer, d
     """The target a previous run of this script wrote to ``out`` with the same settings."""
     weights, config, _ = load_weights(out / "target.safetensors")
     previous = json.loads((out / "train_log.json").read_text())
-    same = _record_base(settings)
+    same = json.loads(json.dumps(_record_base(settings)))  # tuples become lists, as stored
     for key in ("settings", "target_config", "corpus", "machine"):
         if previous.get(key) != same[key]:
             raise UserError(f"--reuse-target: {out / 'train_log.json'} was written with a different {key}")

@@ -46,16 +46,20 @@ class VerifyMask:
 def ancestors(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     """[B, Q, Q] bool: block entry j visible to query i (j == i or j an ancestor of i), Q = N + 1.
 
-    Walks every node up one level per iteration, ``max_depth`` iterations, all nodes at once.
+    Walks every node up one level per iteration, all nodes at once, at most ``max_depth`` - 1
+    iterations (the root is visible to every entry from the start); on the CPU the walk stops as
+    soon as every node has reached the root (on a GPU that check would be a sync, so it runs all).
     """
     b, n = parents.shape
     q = n + 1
     dev = parents.device
-    # Parent of every block index, root at 0 being its own parent: [B, Q].
-    up = torch.cat([torch.zeros(b, 1, dtype=torch.int64, device=dev), parents + 1], dim=1)
+    up = torch.cat([torch.zeros(b, 1, dtype=torch.int64, device=dev), parents + 1], dim=1)  # [B, Q] parent index
     visible = torch.eye(q, dtype=torch.bool, device=dev).repeat(b, 1, 1)  # [B, Q, Q]
+    visible[:, :, 0] = True
     cur = up
-    for _ in range(max_depth):
+    for _ in range(max_depth - 1):
+        if dev.type == "cpu" and not bool(cur.any()):
+            break
         visible.scatter_(2, cur[:, :, None], True)
         cur = up.gather(1, cur)
     return visible

@@ -1,0 +1,116 @@
+"""Around the engine: the text corpus, the weights format, the training script and the CLI."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from perfkit.engine import checkpoints, data
+from perfkit.engine.cli import main
+from perfkit.errors import UserError
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_corpus_split_is_disjoint_and_deterministic():
+    train, held = data.corpus_files()
+    assert train and held
+    assert not set(train) & set(held)
+    assert (train, held) == data.corpus_files()
+    assert all(p.endswith(".py") for p in train + held)
+    assert data.heldout_text() not in data.training_text()
+    assert len(data.training_text()) > 5 * len(data.heldout_text())
+
+
+def test_encode_decode_and_prompts():
+    assert data.encode("é\n") == [0xC3, 0xA9, 10]
+    assert data.decode(data.encode("def f():\n    pass")) == "def f():\n    pass"
+    assert data.decode([0xC3]) == "\ufffd"  # cut mid-character: replaced, not raised
+    prompts = data.sample_prompts(3, 40)
+    assert prompts == data.sample_prompts(3, 40)
+    assert all(len(p) == 40 for p in prompts)
+    assert all(bytes(p) in data.heldout_text() for p in prompts)
+    with pytest.raises(UserError):
+        data.sample_prompts(1, 10, source=b"short")
+
+
+def test_weights_roundtrip_without_pickle(tmp_path):
+    tensors = {"a": torch.randn(3, 4), "b": torch.randn(5).bfloat16(), "c": torch.arange(6).view(2, 3), "e": torch.zeros(0)}
+    path = tmp_path / "w.safetensors"
+    checkpoints.save_weights(path, tensors, config={"d_model": 4}, extra={"note": [1, 2]})
+    raw = path.read_bytes()
+    header_len = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + header_len])
+    assert header["a"] == {"dtype": "F32", "shape": [3, 4], "data_offsets": [0, 48]}
+    got, config, extra = checkpoints.load_weights(path)
+    assert config == {"d_model": 4} and extra == {"note": [1, 2]}
+    for name, t in tensors.items():
+        assert got[name].dtype == t.dtype and torch.equal(got[name], t)
+    path.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{bad}")
+    with pytest.raises(UserError):
+        checkpoints.load_weights(path)
+    with pytest.raises(UserError):
+        checkpoints.load_weights(tmp_path / "missing.safetensors")
+
+
+def test_shipped_weights_are_small_and_documented():
+    files = [checkpoints.CHECKPOINT_DIR / n for n in ("target.safetensors", "drafter.safetensors")]
+    assert sum(os.path.getsize(f) for f in files) <= 20 * 2**20
+    log = json.loads((checkpoints.CHECKPOINT_DIR / "train_log.json").read_text())
+    assert log["format"] == "perfkit-train-log"
+    assert 0 < log["target"]["heldout"]["accuracy"] < 1
+    assert len(log["drafter"]["heldout"]["slot_accuracy"]) == log["drafter_config"]["block"]
+    engine = checkpoints.load_engine("shipped")
+    assert engine.target_config.to_dict() == log["target_config"]
+    assert engine.drafter_config.to_dict() == log["drafter_config"]
+
+
+def test_training_is_deterministic(tmp_path):
+    from perfkit.engine import train
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    quiet = lambda line: None  # noqa: E731
+    rec = train.train(train.TINY, out_dir=a, log=quiet)
+    train.train(train.TINY, out_dir=b, log=quiet)
+    for name in ("target.safetensors", "drafter.safetensors"):
+        assert (a / name).read_bytes() == (b / name).read_bytes()
+    assert rec["target"]["curve"] and rec["drafter"]["curve"]
+    # The drafter stage alone, on the stored target, gives the same drafter again.
+    (b / "drafter.safetensors").unlink()
+    train.train(train.TINY, out_dir=b, log=quiet, reuse_target=True)
+    assert (a / "drafter.safetensors").read_bytes() == (b / "drafter.safetensors").read_bytes()
+
+
+def test_cli_bench_json(capsys):
+    rc = main(["bench", "--ctx", "300", "--gen", "6", "--batch", "2", "--budget", "8", "--preset", "tiny-random", "--json"])
+    assert rc == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["format"] == "perfkit-engine-bench" and record["version"] == 1
+    r = record["result"]
+    assert r["prompt_tok"] == 600 and r["gen_tok"] == 12 and r["fill"] == "prefill"
+    assert set(record["phases"]) >= {"step", "draft", "verify_forward", "unattributed"}
+
+
+def test_cli_bench_table_labels_the_approximate_fill(capsys):
+    rc = main(["bench", "--ctx", "5000", "--gen", "4", "--preset", "tiny-random", "--mode", "ar"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "fill=approx" in out and "APPROXIMATE" in out
+    assert "ctx_req prompt_tok   TTFT_s prefill_tok/s decode_tok/s gen_tok decode_wall accept_len" in out
+    assert "verify_forward" in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["bench", "--ctx", "10"], ["bench", "--ctx", "0", "--gen", "1"], ["bench", "--ctx", "5", "--gen", "1", "--mode", "x"], ["nope"]],
+)
+def test_cli_usage_errors_exit_2(argv, capsys):
+    assert main(argv) == 2
+    assert "error:" in capsys.readouterr().err
