@@ -183,3 +183,20 @@ def test_random_presets_are_seeded():
     c = load_engine("tiny-random", seed=6).generate([[1, 2, 3]], max_new_tokens=6, mode="ar")
     assert a.tokens == b.tokens
     assert a.tokens != c.tokens
+
+
+def test_shipped_weights_accept_several_tokens_losslessly():
+    """Trained weights accept more than one token per step, so acceptance walks, bonus tokens and
+    KV compaction of the accepted path are all exercised; output still equals greedy AR."""
+    from perfkit.engine import data
+
+    engine = load_engine("shipped")
+    prompts = [p[: 40 + 23 * i] for i, p in enumerate(data.sample_prompts(2, 100))]  # different lengths
+    ar = engine.generate(prompts, max_new_tokens=40, mode="ar")
+    for budget in (8, 32):
+        for tree in ("heap", "vectorized"):
+            for mask in ("naive", "compact"):
+                spec = engine.generate(prompts, max_new_tokens=40, mode="spec", budget=budget, tree=tree, mask=mask)
+                assert spec.tokens == ar.tokens, (budget, tree, mask)
+                assert spec.mean_accept_length > 1.3
+                assert max(spec.accept_lengths) > 2

@@ -114,3 +114,24 @@ def test_cli_bench_table_labels_the_approximate_fill(capsys):
 def test_cli_usage_errors_exit_2(argv, capsys):
     assert main(argv) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_benchmark_table_shows_every_figure():
+    from perfkit.engine.benchmarks import format_benchmarks
+
+    record = {
+        "quick": True, "device": "cpu", "threads": 1,
+        "spec_vs_ar": {
+            "budget": 32, "heldout_prompts": 4, "heldout_gen": 64, "heldout_accept_len": 2.61, "ctx": 1024,
+            "ar_decode_tok_s": 500.0,
+            "sweep": [{"budget": 8, "spec_decode_tok_s": 600.0, "accept_len": 2.2, "speedup": 1.2}],
+            "best": {"budget": 8, "spec_decode_tok_s": 600.0, "accept_len": 2.2, "speedup": 1.2},
+        },
+        "tree_build": [{"batch": 128, "budget": 64, "heap_ms": 8.0, "vectorized_ms": 2.0, "speedup": 4.0, "same_trees": True}],
+        "verify_mask": [{"batch": 8, "ctx": 32768, "nodes": 32, "naive_ms": 6.0, "compact_ms": 0.08, "speedup": 75.0}],
+    }
+    text = format_benchmarks(record)
+    assert "accept length on held-out text (4 prompts x 64 tokens): 2.61" in text
+    assert "spec budget   8:   600.0 tok/s  accept 2.20  spec/AR 1.20x" in text
+    assert "128     64     8.000     2.000    4.00x True" in text
+    assert "8  32768     6.000     0.0800    75.0x" in text

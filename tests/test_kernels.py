@@ -8,7 +8,7 @@ import torch
 
 from perfkit.errors import UserError
 from perfkit.kernels.tree_build import build_tree_heap, build_tree_vectorized, fixed_point, node_tokens
-from perfkit.kernels.verify_attention import dense_mask, verify_attention
+from perfkit.kernels.verify_attention import attention_bias, dense_mask, mask_bias, verify_attention
 from perfkit.kernels.verify_mask import ancestors, causal_mask, prepare_for_verify_compact, prepare_for_verify_naive
 
 
@@ -170,3 +170,16 @@ def test_causal_mask_and_single_query_shortcut():
     assert d[0, 0].tolist() == [True, True, True, True, False, False, False]
     assert d[1, 1].tolist() == [True] * 7
     assert dense_mask(causal_mask(torch.tensor([4]), 1), 5) is None  # one request, one query: no mask
+
+
+def test_uniform_start_bias_shortcut_matches_the_general_path():
+    tree = build_tree_vectorized(_logprobs(2, 4, 8, seed=4), 10)
+    lens = torch.tensor([30, 30])
+    mask = prepare_for_verify_compact(lens, tree.parents, 4)
+    kv_len = 30 + 11
+    fast = mask_bias(mask, kv_len, torch.float32, uniform_start=30)
+    slow = attention_bias(dense_mask(mask, kv_len), torch.float32)
+    assert torch.equal(fast, slow)
+    assert (fast[:, :, :, :30] == 0).all() and torch.isinf(fast).any()
+    naive = prepare_for_verify_naive(lens, tree.parents, 4)
+    assert torch.equal(mask_bias(naive, kv_len, torch.float32, uniform_start=30), slow)  # naive: general path

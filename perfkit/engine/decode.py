@@ -3,13 +3,14 @@
 A speculative step, for a batch whose committed cache lengths are L_b and whose root tokens (the
 last emitted token of each request, not yet in the cache) are known:
 
-    draft               drafter(target hidden that predicted the root, root) -> top-R log-probs
-                        at each of K positions
+    draft               drafter(root, window of the last W committed tokens and the target's
+                        hidden states there) -> top-R log-probs at K positions
     tree_build          best-first tree of ``budget`` nodes (heapq reference or vectorized)
     prepare_for_verify  verify mask (naive or compact), block tokens, positions, slots
     verify_forward      target forward over root + nodes; node K/V land in slots L_b + j
     accept              walk the tree along the target's argmax; bonus token; one host copy
-    kv_commit           move the accepted K/V to slots L_b + 1 .. L_b + accepted; bump L_b
+    kv_commit           move the accepted K/V to slots L_b + 1 .. L_b + accepted; bump L_b;
+                        slide the drafter's window over the committed entries
 
 An autoregressive step is the same target forward with one token (verify_forward), the host copy
 (accept) and the length bump (kv_commit). Both run inside ``span("step")``, so
@@ -299,7 +300,7 @@ class Engine:
         vocab = self.target.config.vocab_size
         with span(STEP):
             with span("draft"):
-                logits = self.drafter(st.win_hidden[:, -1], st.root, st.win_tokens, st.win_hidden)  # [B, K, V]
+                logits = self.drafter(st.root, st.win_tokens, st.win_hidden)  # [B, K, V]
                 top_lp, top_tok = logits.float().log_softmax(-1).topk(min(budget, vocab), dim=-1)  # [B, K, R]
             with span("tree_build"):
                 t = tree_build.BUILDERS[tree](top_lp, budget)

@@ -1,9 +1,9 @@
 """The block drafter: one forward proposes token distributions for the next ``block`` positions.
 
-DFlash/Medusa style. It is conditioned on the target's final hidden state at the last committed
-position (the one that predicted the root token), on the root token, and on a short window of
-recent context: the last ``window`` committed tokens with the target's hidden state at each (what
-lets it continue a pattern it has just seen, such as an identifier or an indentation run). ``block``
+DFlash/Medusa style. It is conditioned on the root token and on a short window of recent context:
+the last ``window`` committed tokens with the target's final hidden state at each, the newest of
+which is the state that predicted the root (the window is what lets it continue a pattern it has
+just seen, such as an identifier or an indentation run). ``block``
 learned slot embeddings go through a few small transformer layers whose attention sees the window
 and the other slots; slot k predicts the token k positions after the root. No autoregression
 inside the drafter: one small forward per decode step, a fraction of the target's verify forward.
@@ -67,21 +67,19 @@ class SlotLayer(nn.Module):
         super().__init__()
         self.n_heads = config.n_heads
         self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.wq = nn.Linear(config.d_model, config.d_model, bias=False)
-        self.wkv = nn.Linear(config.d_model, 2 * config.d_model, bias=False)
+        self.wqkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
         self.wo = nn.Linear(config.d_model, config.d_model, bias=False)
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
         self.ffn = SwiGLU(config.d_model, config.d_ff)
 
-    def forward(self, x, memory):
-        """x: [B, K, D] slots; memory: [B, W, D] normalised window entries."""
+    def forward(self, x, memory_k, memory_v):
+        """x: [B, K, D] slots; memory_k, memory_v: [B, W, h, D/h], the window's keys and values."""
         b, k, d = x.shape
         h = self.n_heads
-        xs = self.attn_norm(x)
-        q = self.wq(xs).view(b, k, h, d // h).transpose(1, 2)  # [B, h, K, D/h]
-        kv = self.wkv(torch.cat([memory, xs], 1)).view(b, -1, 2, h, d // h)  # [B, W + K, 2, h, D/h]
-        keys, values = kv.unbind(2)
-        out = F.scaled_dot_product_attention(q, keys.transpose(1, 2), values.transpose(1, 2))  # [B, h, K, D/h]
+        q, kk, v = self.wqkv(self.attn_norm(x)).view(b, k, 3, h, d // h).unbind(2)  # each [B, K, h, D/h]
+        keys = torch.cat([memory_k, kk], 1).transpose(1, 2)  # [B, h, W + K, D/h]
+        values = torch.cat([memory_v, v], 1).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values)  # [B, h, K, D/h]
         x = x + self.wo(out.transpose(1, 2).reshape(b, k, d))
         return x + self.ffn(self.ffn_norm(x))
 
@@ -95,6 +93,9 @@ class BlockDrafter(nn.Module):
         self.slots = nn.Parameter(torch.zeros(config.block, config.d_model))
         self.window_pos = nn.Parameter(torch.zeros(config.window, config.d_model))
         self.memory_norm = RMSNorm(config.d_model, config.norm_eps)
+        # The window's keys and values for every layer in one projection (the window is the same
+        # input to each layer).
+        self.memory_kv = nn.Linear(config.d_model, config.n_layers * 2 * config.d_model, bias=False)
         self.layers = nn.ModuleList(SlotLayer(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -102,16 +103,19 @@ class BlockDrafter(nn.Module):
             if p.dim() == 2:
                 nn.init.normal_(p, mean=0.0, std=0.02)
 
-    def forward(self, hidden, root, window_tokens, window_hidden):
+    def forward(self, root, window_tokens, window_hidden):
         """Logits [B, K, V] for the K positions after ``root`` [B].
 
-        hidden [B, T]: target hidden state that predicted the root; window_tokens [B, W] and
-        window_hidden [B, W, T]: the last W committed tokens, oldest first, and the target's
-        hidden state at each (zeros where the context is shorter than W).
+        window_tokens [B, W] and window_hidden [B, W, T]: the last W committed tokens, oldest
+        first, and the target's final hidden state at each (zeros where the context is shorter
+        than W). The last entry's hidden state is the one that predicted the root.
         """
-        x = self.from_target(hidden) + self.embed(root)  # [B, D]
-        x = x[:, None, :] + self.slots[None]  # [B, K, D]
-        memory = self.memory_norm(self.from_target(window_hidden) + self.embed(window_tokens) + self.window_pos[None])  # [B, W, D]
-        for layer in self.layers:
-            x = layer(x, memory)
+        b, w = window_tokens.shape
+        c = self.config
+        proj = self.from_target(window_hidden)  # [B, W, D]
+        x = (proj[:, -1] + self.embed(root))[:, None, :] + self.slots[None]  # [B, K, D]
+        memory = self.memory_norm(proj + self.embed(window_tokens) + self.window_pos[None])  # [B, W, D]
+        kv = self.memory_kv(memory).view(b, w, c.n_layers, 2, c.n_heads, c.d_model // c.n_heads)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, kv[:, :, i, 0], kv[:, :, i, 1])
         return self.head(self.norm(x))

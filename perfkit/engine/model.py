@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from perfkit.errors import UserError
-from perfkit.kernels.verify_attention import attend, attention_bias, dense_mask
+from perfkit.kernels.verify_attention import attend, mask_bias
 from perfkit.kernels.verify_mask import VerifyMask
 
 __all__ = ["ModelConfig", "KVCache", "Transformer"]
@@ -90,19 +90,21 @@ class RMSNorm(nn.Module):
 
 
 def rope_table(n: int, head_dim: int, base: float, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, each [n, head_dim/2], in fp32 (rotations are applied in fp32)."""
+    """Rotation tables for positions [0, n), each [n, head_dim], fp32: (cos, cos) and (-sin, sin)
+    side by side, so that rotating the two halves of a head is two multiplies and an add."""
     inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
     angles = torch.outer(torch.arange(n, device=device, dtype=torch.float32), inv)
-    return angles.cos(), angles.sin()
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)
 
 
 def apply_rope(x, cos, sin):
-    """x: [B, Q, heads, E]; cos, sin: [B, Q, E/2]. Rotates the two halves of each head."""
+    """x: [B, Q, heads, E]; cos, sin: [B, Q, E] from ``rope_table``. Rotates the two halves of each
+    head: (x1 cos - x2 sin, x2 cos + x1 sin), computed in fp32."""
     x32 = x.float()
     half = x32.shape[-1] // 2
-    x1, x2 = x32[..., :half], x32[..., half:]
-    c, s = cos[:, :, None, :], sin[:, :, None, :]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).type_as(x)
+    swapped = torch.cat([x32[..., half:], x32[..., :half]], dim=-1)  # (x2, x1)
+    return (x32 * cos[:, :, None, :] + swapped * sin[:, :, None, :]).type_as(x)
 
 
 class KVCache:
@@ -270,8 +272,8 @@ class Transformer(nn.Module):
         the same contiguous range (a slice write instead of a scatter).
         """
         cos_t, sin_t = self.rope(int(kv_len), tokens.device)
-        cos, sin = cos_t[positions], sin_t[positions]  # [B, Q, E/2]
-        bias = attention_bias(dense_mask(mask, kv_len), self.embed.weight.dtype)  # [B, 1, Q, kv_len], every layer
+        cos, sin = cos_t[positions], sin_t[positions]  # [B, Q, E]
+        bias = mask_bias(mask, kv_len, self.embed.weight.dtype, uniform_start=uniform_start)  # [B, 1, Q, S], all layers
         x = self.embed(tokens)  # [B, Q, D]
         for i, block in enumerate(self.blocks):
             x = x + block.attn.forward_cached(block.attn_norm(x), cos, sin, cache, i, slots, uniform_start, bias, kv_len)

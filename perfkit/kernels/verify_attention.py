@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from perfkit.kernels.verify_mask import VerifyMask
 
-__all__ = ["dense_mask", "attention_bias", "verify_attention", "attend"]
+__all__ = ["dense_mask", "attention_bias", "mask_bias", "verify_attention", "attend"]
 
 
 def dense_mask(mask: VerifyMask, kv_len: int) -> torch.Tensor | None:
@@ -58,6 +58,20 @@ def attention_bias(dense: torch.Tensor | None, dtype: torch.dtype) -> torch.Tens
         return None
     zero = torch.zeros((), dtype=dtype, device=dense.device)
     return torch.where(dense, zero, torch.tensor(float("-inf"), dtype=dtype, device=dense.device))
+
+
+def mask_bias(mask: VerifyMask, kv_len: int, dtype: torch.dtype, *, uniform_start: int | None = None) -> torch.Tensor | None:
+    """``attention_bias(dense_mask(mask, kv_len), dtype)``, with a shortcut for a compact mask
+    whose requests all start the block at ``uniform_start`` (= kv_len - Q): then the prefix columns
+    are all zero and only the Q x Q block is written."""
+    b, q = mask.seq_lens.shape[0], mask.q_len
+    if mask.kind != "compact" or uniform_start is None or uniform_start + q != kv_len:
+        return attention_bias(dense_mask(mask, kv_len), dtype)
+    if b == 1 and q == 1:
+        return None
+    bias = torch.zeros(b, 1, q, kv_len, dtype=dtype, device=mask.data.device)
+    bias[:, 0, :, uniform_start:] = attention_bias(mask.data.expand(b, q, q), dtype)
+    return bias
 
 
 def attend(q, keys, values, bias: torch.Tensor | None):
