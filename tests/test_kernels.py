@@ -183,3 +183,17 @@ def test_uniform_start_bias_shortcut_matches_the_general_path():
     assert (fast[:, :, :, :30] == 0).all() and torch.isinf(fast).any()
     naive = prepare_for_verify_naive(lens, tree.parents, 4)
     assert torch.equal(mask_bias(naive, kv_len, torch.float32, uniform_start=30), slow)  # naive: general path
+
+
+def test_vectorized_tree_equals_heap_on_random_shapes():
+    rng = torch.Generator().manual_seed(123)
+    for _ in range(60):
+        b, k, v = (int(torch.randint(lo, hi, (1,), generator=rng)) for lo, hi in ((1, 4), (1, 9), (2, 40)))
+        r = int(torch.randint(1, v + 1, (1,), generator=rng))
+        lp = (torch.randn(b, k, v, generator=rng) * 3).log_softmax(-1)
+        if torch.rand(1, generator=rng) < 0.5:
+            lp = (lp * 2).round() / 2  # ties
+        lp = lp.topk(r, dim=-1).values
+        cap = sum(r**d for d in range(1, k + 1))
+        n = int(torch.randint(1, min(cap, 120) + 1, (1,), generator=rng))
+        _assert_same(build_tree_heap(lp, n), build_tree_vectorized(lp, n))

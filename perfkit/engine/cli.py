@@ -41,11 +41,13 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="how the cache is filled; auto = approx from 4096 tokens of context (labelled in the output)",
     )
+    b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     b.add_argument("--json", action="store_true", help="print the record as JSON instead of the table")
 
     m = sub.add_parser("benchmarks", help="spec vs AR, tree build and mask build figures, side by side")
     m.add_argument("--quick", action="store_true", help="fewer repeats and prompts")
     m.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    m.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     m.add_argument("--json", action="store_true")
 
     sub.add_parser("train", help="train the shipped target and drafter (deterministic); see `train --help`", add_help=False)
@@ -70,6 +72,11 @@ def main(argv: list[str]) -> int:
             args = _parser().parse_args(argv)
         except SystemExit as exc:  # --help
             return int(exc.code or 0)
+        if getattr(args, "threads", None) is not None:
+            import torch
+
+            _positive("threads", args.threads)
+            torch.set_num_threads(args.threads)
         if args.command == "bench":
             from perfkit.engine.bench import BenchConfig, format_bench, run_bench
 

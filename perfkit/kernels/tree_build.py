@@ -25,9 +25,10 @@ its children and a sibling its next sibling, so the tree is exactly the first N 
 
 The vectorized builder computes the same order depth by depth. At depth d the best nodes (by
 -score, then parent position at depth d-1, then rank) are children of the best nodes at depth d-1,
-and child (i, r) of the i-th parent can only be among the best N - d + 1 when (i+1)(r+1) <= N - d + 1
-(every (i', r') with i' <= i, r' <= r precedes it), so each depth looks at about N ln N candidates,
-not N * R. Score and tie-break are packed into one unique int64 key, score * 2**20 - (i * R + r),
+and child (i, r) of the i-th parent can only be in the tree when (i+1)(r+2) + d - 2 <= N (every
+(i', r') with i' <= i, r' <= r precedes it, with their i + 1 parents and d - 2 further ancestors),
+so each depth looks at about N ln N candidates, not N * R; cutting candidates that cannot be in
+the tree leaves the positions of those that can exact. Score and tie-break are packed into one unique int64 key, score * 2**20 - (i * R + r),
 so ``topk`` selects and orders exactly, with no sort and no tie fix-up. A final topk over all
 depths, slots ordered by (depth, position), gives the pop order (ties: shallower first, then
 position within the depth, which is the heap's parent index and rank).
@@ -142,20 +143,23 @@ def _plan(budget: int, depth: int, ranks: int) -> tuple[tuple[tuple[int, ...], t
     """Per depth d >= 2: candidate (parent position, rank) lists, ordered by (position, rank), and
     how many nodes the depth keeps. Depends only on the shapes, so it is computed once.
 
-    A depth-d node has d - 1 ancestors in the tree, so depth d never needs more than budget - d + 1.
+    Only nodes that can be in the tree matter (their positions are exact whatever else is cut):
+    a depth-d node has an ancestor at each of the d - 1 depths above, so a depth keeps at most
+    budget - d + 1; and child (i, r) of the i-th parent comes with every (i', r') for i' <= i,
+    r' <= r, their i + 1 parents and d - 2 more ancestors, so it needs (i+1)(r+2) + d - 2 <= budget.
     """
     plan = []
     kept = min(budget, ranks)  # depth 1 keeps ranks 0..kept-1
     for d in range(2, depth + 1):
-        need = budget - d + 1
+        room = budget - d + 2
         pos, rank = [], []
-        for i in range(min(kept, need)):
-            for r in range(min(ranks, need // (i + 1))):
+        for i in range(kept):
+            for r in range(min(ranks, room // (i + 1) - 1)):
                 pos.append(i)
                 rank.append(r)
         if not pos:
             break
-        kept = min(need, len(pos))
+        kept = min(budget - d + 1, len(pos))
         plan.append((tuple(pos), tuple(rank), kept))
     return tuple(plan)
 
