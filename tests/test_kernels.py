@@ -156,6 +156,17 @@ def test_naive_and_compact_give_identical_attention(batch):
             torch.testing.assert_close(out_c[b, :, i], (w @ vv)[:, 0], rtol=1e-5, atol=1e-5)
 
 
+def test_builders_take_parents_or_the_block():
+    tree = build_tree_vectorized(_logprobs(2, 4, 8, seed=8), 9)
+    lens = torch.tensor([4, 11])
+    block = ancestors(tree.parents, 4)
+    for build in (prepare_for_verify_naive, prepare_for_verify_compact):
+        a, b = build(lens, tree.parents, 4), build(lens, block, 4)
+        assert torch.equal(a.data, b.data) and torch.equal(a.block, block)
+    with pytest.raises(ValueError):
+        prepare_for_verify_compact(lens, block[:, :, :5], 4)
+
+
 def test_compact_mask_does_no_context_work():
     parents = torch.tensor([[-1, 0, 0, 1]])
     small = prepare_for_verify_compact(torch.tensor([10]), parents, 4)

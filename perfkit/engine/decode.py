@@ -5,7 +5,8 @@ last emitted token of each request, not yet in the cache) are known:
 
     draft               drafter(root, window of the last W committed tokens and the target's
                         hidden states there) -> top-R log-probs at K positions
-    tree_build          best-first tree of ``budget`` nodes (heapq reference or vectorized)
+    tree_build          best-first tree of ``budget`` nodes (heapq reference or vectorized) and
+                        its ancestor (visibility) block
     prepare_for_verify  verify mask (naive or compact), block tokens, positions, slots
     verify_forward      target forward over root + nodes; node K/V land in slots L_b + j
     accept              walk the tree along the target's argmax; bonus token; one host copy
@@ -305,8 +306,9 @@ class Engine:
             with span("tree_build"):
                 t = tree_build.BUILDERS[tree](top_lp, budget)
                 nodes = tree_build.node_tokens(t, top_tok)  # [B, N]
+                block = verify_mask.ancestors(t.parents, k)  # [B, Q, Q] the tree's visibility block
             with span("prepare_for_verify"):
-                vm = verify_mask.BUILDERS[mask](st.lens_t, t.parents, k)
+                vm = verify_mask.BUILDERS[mask](st.lens_t, block, k)
                 q = budget + 1
                 block_tokens = torch.cat([st.root[:, None], nodes], 1)  # [B, Q]: root, then nodes
                 depth = torch.cat([torch.zeros(b, 1, dtype=torch.int64, device=dev), t.depths], 1)  # [B, Q]

@@ -75,20 +75,25 @@ def _check(logprobs: torch.Tensor, budget: int) -> tuple[int, int, int]:
             break
     if reachable < budget:
         raise UserError(f"budget {budget} exceeds the {reachable} nodes a depth-{k}, top-{r} tree can hold")
-    if budget * r >= 1 << _INDEX_BITS or k * budget >= 1 << _INDEX_BITS:
+    if (budget // 2 + 1) * r >= 1 << _DEPTH_SHIFT or k >= 1 << (_TIE_BITS - _DEPTH_SHIFT):
         raise UserError(f"budget {budget} at depth {k}, top-{r} is too large for the tie-break bits of the tree keys")
     return b, k, r
 
 
 FIXED_POINT_BITS = 20  # log-probs in units of 2**-20 nats
-LOGPROB_FLOOR = -4096.0  # -inf and anything below is clamped here
-_INDEX_BITS = 20  # candidate index packed under the score in a selection key
+LOGPROB_FLOOR = -1024.0  # -inf and anything below is clamped here
+_TIE_BITS = 24  # a selection key is score << 24 minus a tie-break (depth << 18) + i * R + r
+_DEPTH_SHIFT = 18
 
 
 def fixed_point(logprobs: torch.Tensor) -> torch.Tensor:
-    """int64 log-probs in units of 2**-20 nats; the one rounding both builders share."""
-    scaled = logprobs.detach().to(torch.float64).clamp(min=LOGPROB_FLOOR) * float(1 << FIXED_POINT_BITS)
-    return scaled.round().to(torch.int64)
+    """int64 log-probs in units of 2**-20 nats; the one rounding both builders share.
+
+    Scaling by a power of two is exact in any float format, so rounding float32 (or float64)
+    inputs gives the same integers on every device.
+    """
+    scaled = logprobs.detach().float().clamp(min=LOGPROB_FLOOR)
+    return scaled.mul_(float(1 << FIXED_POINT_BITS)).round_().long()
 
 
 def node_tokens(tree: DraftTree, top_tokens: torch.Tensor) -> torch.Tensor:
@@ -139,67 +144,81 @@ def build_tree_heap(logprobs: torch.Tensor, budget: int) -> DraftTree:
 
 
 @functools.lru_cache(maxsize=64)
-def _plan(budget: int, depth: int, ranks: int) -> tuple[tuple[tuple[int, ...], tuple[int, ...], int], ...]:
-    """Per depth d >= 2: candidate (parent position, rank) lists, ordered by (position, rank), and
-    how many nodes the depth keeps. Depends only on the shapes, so it is computed once.
+def _plan(budget: int, depth: int, ranks: int):
+    """Per depth d >= 2: candidate (parent position, rank) lists, ordered by (position, rank); how
+    many nodes the depth keeps; how many of those, in order, are parents for depth d + 1. Depends
+    only on the shapes, so it is computed once.
 
-    Only nodes that can be in the tree matter (their positions are exact whatever else is cut):
+    Only nodes that can be in the tree matter (their positions stay exact whatever else is cut):
     a depth-d node has an ancestor at each of the d - 1 depths above, so a depth keeps at most
-    budget - d + 1; and child (i, r) of the i-th parent comes with every (i', r') for i' <= i,
-    r' <= r, their i + 1 parents and d - 2 more ancestors, so it needs (i+1)(r+2) + d - 2 <= budget.
+    budget - d + 1; child (i, r) of the i-th parent comes with every (i', r') for i' <= i, r' <= r,
+    their i + 1 parents and d - 2 more ancestors, so it needs (i+1)(r+2) + d - 2 <= budget, which
+    also means only the first (budget - d + 2) // 2 nodes of depth d - 1 can be parents.
     """
+    first = min(budget, ranks)  # depth 1: ranks 0..first-1, already in order
+    parents = min(first, budget // 2)
     plan = []
-    kept = min(budget, ranks)  # depth 1 keeps ranks 0..kept-1
     for d in range(2, depth + 1):
         room = budget - d + 2
         pos, rank = [], []
-        for i in range(kept):
+        for i in range(parents):
             for r in range(min(ranks, room // (i + 1) - 1)):
                 pos.append(i)
                 rank.append(r)
         if not pos:
             break
         kept = min(budget - d + 1, len(pos))
-        plan.append((tuple(pos), tuple(rank), kept))
-    return tuple(plan)
+        plan.append((tuple(pos), tuple(rank), kept, min(kept, (budget - d + 1) // 2)))
+        parents = plan[-1][3]
+        if not parents:
+            break
+    return first, min(first, budget // 2), tuple(plan)
 
 
 _plan_tensors: dict = {}
-_LOW = (1 << _INDEX_BITS) - 1  # the tie-break bits of a key
+_LOW = (1 << _TIE_BITS) - 1  # the tie-break bits of a key
 
 
 class _Plan:
     """``_plan`` as device tensors, built once per (budget, depth, ranks, device).
 
-    levels: per depth >= 2, (pos [C], rank [C], kept); table_pos / table_rank: parent position and
-    rank of every candidate of every depth, depth 1 first; widths: nodes kept per depth; sizes:
-    candidates per depth; and per flat slot of the merged depths (depth 1 first): -slot (tie-break),
-    its depth, its depth's offset into the tables, and per depth the slot offset of the depth above.
+    levels: per depth >= 2, (pos [C], kept, parents); rank_index: where each candidate's rank term
+    is in the flattened [K * R] log-probs, depths concatenated; table_pos / table_rank: parent
+    position and rank of every candidate of every depth, depth 1 first; per slot of the merged
+    kept lists: its 0-based depth and its depth's offset into the tables; per depth, the slot
+    offset of its kept list and the offset of its parent list in the concatenated parent lists.
     """
 
     def __init__(self, budget: int, depth: int, ranks: int, device):
-        plan = _plan(budget, depth, ranks)
-        first = min(budget, ranks)
+        first, first_parents, plan = _plan(budget, depth, ranks)
         t = functools.partial(torch.tensor, dtype=torch.int64, device=device)
-        self.levels = [(t(p), t(r), kept) for p, r, kept in plan]
-        self.table_pos = t([-1] * first + [x for p, _, _ in plan for x in p])
-        self.table_rank = t(list(range(first)) + [x for _, r, _ in plan for x in r])
-        self.widths = [first] + [kept for _, _, kept in plan]
-        sizes = [first] + [len(p) for p, _, _ in plan]
-        slot_depth, table_offset, starts = [], [], []
-        slot, cand = 0, 0
-        for d, (width, size) in enumerate(zip(self.widths, sizes)):
-            starts.append(slot)
+        self.first, self.first_parents = first, first_parents
+        self.levels = [(t(p), kept, par) for p, _, kept, par in plan]
+        # Flat index (d * R + rank) of every candidate's log-prob, all depths >= 2 concatenated.
+        self.rank_index = t([d * ranks + x for d, (_, rr, _, _) in enumerate(plan, start=1) for x in rr])
+        self.table_pos = t([0] * first + [x for p, _, _, _ in plan for x in p])
+        self.table_rank = t(list(range(first)) + [x for _, r, _, _ in plan for x in r])
+        widths = [first] + [kept for _, _, kept, _ in plan]
+        sizes = [first] + [len(p) for p, _, _, _ in plan]
+        parent_counts = [first_parents] + [par for _, _, _, par in plan]
+        slot_depth, table_offset, slot_start, parent_start = [], [], [], []
+        slot, cand, par = 0, 0, 0
+        for d, (width, size, count) in enumerate(zip(widths, sizes, parent_counts)):
+            slot_start.append(slot)
+            parent_start.append(par)
             slot_depth += [d] * width
             table_offset += [cand] * width
             slot += width
             cand += size
-        self.slot_tie = -torch.arange(slot, device=device)
+            par += count
         self.slot_depth = t(slot_depth)
         self.table_offset = t(table_offset)
-        self.above = t([0] + starts[:-1])  # slot offset of the depth above (where parents live)
-        self.arange = torch.arange(max(self.widths + [ranks, budget]), device=device)
+        self.slot_start = t(slot_start)
+        self.parent_start = t(parent_start)
+        self.arange = torch.arange(max(widths + [ranks, budget]), device=device)
         self.parent_tie = self.arange * ranks  # i * R for parent position i
+        # (d << 18) + r for depth d = 1..K and rank r: the tie-break part a key's rank half carries.
+        self.rank_tie = (torch.arange(1, depth + 1, device=device)[:, None] << _DEPTH_SHIFT) + self.arange[:ranks]
 
 
 def _plan_on(budget: int, depth: int, ranks: int, device) -> _Plan:
@@ -215,8 +234,8 @@ def _plan_on(budget: int, depth: int, ranks: int, device) -> _Plan:
 def _top(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest of distinct ``keys`` [B, C] per row, largest first: (values, column indices).
 
-    An unsorted topk then a sort of the k winners: on CPUs several times cheaper than a sorted
-    topk. Keys are distinct, so the result is fully determined.
+    An unsorted topk then a sort of the k winners: on CPUs cheaper than a sorted topk. Keys are
+    distinct, so the result is fully determined.
     """
     values, index = torch.topk(keys, k, dim=1, sorted=False)
     values, order = torch.sort(values, dim=1, descending=True)
@@ -230,40 +249,50 @@ def build_tree_vectorized(logprobs: torch.Tensor, budget: int) -> DraftTree:
     dev = logprobs.device
     n = budget
     plan = _plan_on(n, k, r, dev)
-    # Keys: score << 20 in the high bits, minus a tie-break in the low bits, so that the larger
-    # key is the earlier node and all keys of a depth differ. Candidate (i, r) of parent position
-    # i and rank r breaks ties by i * R + r, split into a parent part and a rank part so that a
-    # key is one gather from each and an add.
-    qs = fixed_point(logprobs) << _INDEX_BITS  # [B, K, R]
-    rank_part = qs - plan.arange[:r]  # [B, K, R]: (l_d[r] << 20) - r
-    score = qs[:, 0, : plan.widths[0]]  # [B, P] depth-1 scores (shifted), already in order
-    level_scores = [score]
-    level_picks = [plan.arange[: plan.widths[0]].expand(b, plan.widths[0])]
-    for d, (pos, rank, kept) in enumerate(plan.levels, start=1):
+    # Key of candidate (i, r) at depth d: (score << 24) - ((d << 18) + i * R + r). Larger is
+    # earlier, all keys differ, and the tie-break is the heap's (depth, parent position, rank).
+    # It is split into a parent part and a rank part, so a depth's keys are two gathers and an add.
+    rank_part = fixed_point(logprobs).bitwise_left_shift_(_TIE_BITS).sub_(plan.rank_tie)  # [B, K, R]
+    keys = rank_part[:, 0, : plan.first]  # [B, P] depth 1 (parent part 0), already in order
+    kept_keys = [keys]
+    kept_cands = [plan.arange[: plan.first].expand(b, plan.first)]
+    parent_slots = [plan.arange[: plan.first_parents].expand(b, plan.first_parents)]  # in order
+    score = (keys[:, : plan.first_parents] + _LOW) & ~_LOW  # parents' shifted scores, in order
+    rank_terms = rank_part.view(b, k * r).gather(1, plan.rank_index.expand(b, -1))  # [B, sum C], every depth
+    start = 0
+    for pos, kept, parents in plan.levels:
         c = pos.shape[0]
-        parent_part = score - plan.parent_tie[: score.shape[1]]  # [B, P]: (s_i << 20) - i * R
-        key = parent_part.gather(1, pos.expand(b, c)) + rank_part[:, d].gather(1, rank.expand(b, c))  # [B, C]
-        top, pick = _top(key, kept)  # [B, kept], best first
-        score = (top + _LOW) & ~_LOW  # drop the tie-break bits: the shifted score
-        level_scores.append(score)
-        level_picks.append(pick)
+        parent_part = score - plan.parent_tie[: score.shape[1]]  # [B, P]: (s_i << 24) - i * R
+        keys = parent_part.gather(1, pos.expand(b, c)) + rank_terms[:, start : start + c]  # [B, C]
+        start += c
+        values, picks = torch.topk(keys, kept, dim=1, sorted=False)  # the depth's best, any order
+        kept_keys.append(values)
+        kept_cands.append(picks)
+        if parents:
+            # The best few, in order, are the only possible parents one depth down.
+            ordered, which = torch.topk(values, parents, dim=1)
+            parent_slots.append(which)
+            score = (ordered + _LOW) & ~_LOW
 
-    # Merge the depths: flat slots ordered by (depth, position), so equal scores go shallow first.
-    all_scores = torch.cat(level_scores, 1)  # [B, W], shifted
-    w = all_scores.shape[1]
-    top, order = _top(all_scores + plan.slot_tie, n)  # [B, n] flat slot, in pop order
+    # The tree: the n best of every depth's kept nodes. Keys carry the depth, so one selection
+    # orders them all (equal scores: shallower first, then parent position, then rank).
+    all_keys = torch.cat(kept_keys, 1)  # [B, W]
+    top, order = _top(all_keys, n)  # [B, n] flat slot, in pop order
     depth0 = plan.slot_depth[order]  # [B, n] 0-based depth
-    cand = (torch.cat(level_picks, 1) + plan.table_offset).gather(1, order)  # [B, n] row of the tables
-    # Tree index of every flat slot, then look parents up in it.
-    where = torch.empty((b, w), dtype=torch.int64, device=dev)
+    cand = (torch.cat(kept_cands, 1) + plan.table_offset).gather(1, order)  # [B, n] row of the tables
+    # The parent is position table_pos of the depth above; its slot comes from that depth's
+    # parent list; the slot's tree index from where the selection put it.
+    above = (depth0 - 1).clamp(min=0)
+    spare = torch.zeros(b, 1, dtype=torch.int64, device=dev)  # what depth-1 nodes look up (unused)
+    parent_in_list = torch.cat(parent_slots + [spare], 1).gather(1, plan.parent_start[above] + plan.table_pos[cand])
+    where = torch.empty_like(all_keys)
     where.scatter_(1, order, plan.arange[:n].expand(b, n))
-    parent_slot = (plan.above[depth0] + plan.table_pos[cand]).clamp(min=0)
-    parents = torch.where(depth0 > 0, where.gather(1, parent_slot), -1)
+    parents = torch.where(depth0 > 0, where.gather(1, plan.slot_start[above] + parent_in_list), -1)
     return DraftTree(
         ranks=plan.table_rank[cand],
         parents=parents,
         depths=depth0 + 1,
-        scores=(top + _LOW) >> _INDEX_BITS,
+        scores=(top + _LOW) >> _TIE_BITS,  # the tie-break is in [0, 2**24): flooring drops it
     )
 
 

@@ -1,12 +1,16 @@
 """prepare_for_verify: the attention mask of the tree-verify forward, two ways.
 
-    prepare_for_verify_naive(seq_lens, parents, max_depth) -> VerifyMask    # O(B * Q * context)
-    prepare_for_verify_compact(seq_lens, parents, max_depth) -> VerifyMask  # O(B * Q^2)
+    prepare_for_verify_naive(seq_lens, tree, max_depth) -> VerifyMask    # O(B * Q * context)
+    prepare_for_verify_compact(seq_lens, tree, max_depth) -> VerifyMask  # O(B * Q^2)
 
     seq_lens:  [B] int64, committed cache length of each request (the tree's K/V go after it)
-    parents:   [B, N] int64, parent node index of each tree node, -1 for children of the root,
-               parents before children (a DraftTree's ``parents``)
-    max_depth: int, the deepest a node can be (the drafter's block size); bounds the loop below
+    tree:      the tree's ancestor information, either
+               [B, N] int64 parents: parent node index of each node, -1 for children of the root,
+                   parents before children (a DraftTree's ``parents``), or
+               [B, Q, Q] bool: the tree's visibility block, ``ancestors(parents, max_depth)``,
+                   which the engine computes once per step with the tree (tree_build phase)
+    max_depth: int, the deepest a node can be (the drafter's block size); bounds the walk in
+               ``ancestors`` when parents are given
     The verify block is Q = N + 1 tokens: the root (the last committed-but-uncached token) at
     index 0, then node j at index j + 1. Query i may see every prefix slot, and block entry j when
     j is i or an ancestor of i.
@@ -14,8 +18,9 @@
 The naive builder is the one in SGLang's DFlash/DDTree path: a Python loop over requests with
 ``seq_lens.tolist()``, ``torch.arange`` over each prefix, a Q x (prefix + Q) block per request,
 flattened row-major and concatenated: sum_b Q * (L_b + Q) booleans, growing with context.
-The compact builder writes only the Q x Q ancestor block; the prefix stays implicit in seq_lens.
-``perfkit.kernels.verify_attention`` consumes either and gives identical attention outputs.
+The compact builder keeps only the Q x Q block (the tree bias vLLM passes); the prefix stays
+implicit in seq_lens. ``perfkit.kernels.verify_attention`` consumes either and gives identical
+attention outputs. Given the block, what the two builders add is exactly the context-sized part.
 """
 
 from __future__ import annotations
@@ -72,15 +77,24 @@ def causal_mask(seq_lens: torch.Tensor, q_len: int) -> VerifyMask:
     return VerifyMask(kind="compact", seq_lens=seq_lens, q_len=q_len, data=block, block=block)
 
 
-def prepare_for_verify_compact(seq_lens: torch.Tensor, parents: torch.Tensor, max_depth: int) -> VerifyMask:
-    """The Q x Q ancestor block only; no work proportional to the context."""
-    block = ancestors(parents, max_depth)
+def _block(tree: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """The [B, Q, Q] visibility block from either form of ancestor information."""
+    if tree.dtype == torch.bool:
+        if tree.dim() != 3 or tree.shape[1] != tree.shape[2]:
+            raise ValueError(f"a visibility block must be [B, Q, Q], got {tuple(tree.shape)}")
+        return tree
+    return ancestors(tree, max_depth)
+
+
+def prepare_for_verify_compact(seq_lens: torch.Tensor, tree: torch.Tensor, max_depth: int) -> VerifyMask:
+    """The Q x Q block only; no work proportional to the context."""
+    block = _block(tree, max_depth)
     return VerifyMask(kind="compact", seq_lens=seq_lens, q_len=block.shape[1], data=block, block=block)
 
 
-def prepare_for_verify_naive(seq_lens: torch.Tensor, parents: torch.Tensor, max_depth: int) -> VerifyMask:
+def prepare_for_verify_naive(seq_lens: torch.Tensor, tree: torch.Tensor, max_depth: int) -> VerifyMask:
     """Per request, a full Q x (prefix + Q) mask, flattened and concatenated (SGLang style)."""
-    block = ancestors(parents, max_depth)
+    block = _block(tree, max_depth)
     q = block.shape[1]
     dev = seq_lens.device
     pieces = []
