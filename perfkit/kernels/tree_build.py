@@ -14,7 +14,7 @@
         depths  int64  1..K
         scores  int64  cumulative log-prob in fixed point (units of 2**-20 nats)
 
-Scores are fixed point: each log-prob is clamped at -4096 and rounded to a multiple of 2**-20 nats
+Scores are fixed point: each log-prob is clamped at -1024 and rounded to a multiple of 2**-20 nats
 (``fixed_point``), then summed exactly in integers. Both builders, on any device, therefore see the
 same scores, whatever the summation order.
 
@@ -23,15 +23,19 @@ depth) and its first child (rank 0, next depth), until N nodes are popped. Ties 
 broken by the heap key (-score, depth, parent index, rank), a total order in which a parent precedes
 its children and a sibling its next sibling, so the tree is exactly the first N nodes of that order.
 
-The vectorized builder computes the same order depth by depth. At depth d the best nodes (by
--score, then parent position at depth d-1, then rank) are children of the best nodes at depth d-1,
-and child (i, r) of the i-th parent can only be in the tree when (i+1)(r+2) + d - 2 <= N (every
-(i', r') with i' <= i, r' <= r precedes it, with their i + 1 parents and d - 2 further ancestors),
-so each depth looks at about N ln N candidates, not N * R; cutting candidates that cannot be in
-the tree leaves the positions of those that can exact. Score and tie-break are packed into one unique int64 key, score * 2**20 - (i * R + r),
-so ``topk`` selects and orders exactly, with no sort and no tie fix-up. A final topk over all
-depths, slots ordered by (depth, position), gives the pop order (ties: shallower first, then
-position within the depth, which is the heap's parent index and rank).
+The vectorized builder computes the same order depth by depth, with no per-node loop. Within a
+depth the order is (-score, parent position at the depth above, rank), so a node's key
+score * 2**24 - ((d << 18) + i * R + r) for child (i, r) of the i-th parent is unique and orders
+like the heap: one ``topk`` selects exactly, no stable sort or tie fix-up needed. Only nodes that
+can be in the tree are considered, which keeps the positions of those that are exact: a depth
+keeps at most N - d + 1 nodes (each has d - 1 ancestors), child (i, r) needs
+(i+1)(r+2) + d - 2 <= N (all (i', r') with i' <= i, r' <= r precede it, with their i + 1 parents
+and d - 2 more ancestors), so a depth looks at about N ln N candidates, not N * R, and only its
+first (N - d + 1) // 2 nodes can be parents, so only those are put in order (a topk per depth).
+A final topk over every depth's candidates (keys carry the depth: equal scores go shallower
+first) is the pop order; a depth with many more candidates than the N - d + 1 it can hold is cut
+to those first. CPU sorts and selections are branchy, so the design minimises how many elements
+go through them rather than the number of tensor operations.
 """
 
 from __future__ import annotations
@@ -179,31 +183,36 @@ _plan_tensors: dict = {}
 _LOW = (1 << _TIE_BITS) - 1  # the tie-break bits of a key
 
 
+_REDUCE = 4  # a depth with more than 4x as many candidates as it can keep is cut to those first
+
+
 class _Plan:
     """``_plan`` as device tensors, built once per (budget, depth, ranks, device).
 
-    levels: per depth >= 2, (pos [C], kept, parents); rank_index: where each candidate's rank term
+    levels: per depth >= 2, (pos [C], kept or None, parents): ``kept`` when the depth's
+    candidates are first cut to its best ``kept`` (many more candidates than nodes it can hold),
+    else every candidate goes to the final selection; rank_index: where each candidate's rank term
     is in the flattened [K * R] log-probs, depths concatenated; table_pos / table_rank: parent
-    position and rank of every candidate of every depth, depth 1 first; per slot of the merged
-    kept lists: its 0-based depth and its depth's offset into the tables; per depth, the slot
-    offset of its kept list and the offset of its parent list in the concatenated parent lists.
+    position and rank of every candidate of every depth, depth 1 first. Per slot of the final
+    selection (a depth's candidates, or its kept ones): its 0-based depth and its depth's offset
+    into the tables; per depth, its first slot and the offset of its parent list.
     """
 
     def __init__(self, budget: int, depth: int, ranks: int, device):
         first, first_parents, plan = _plan(budget, depth, ranks)
         t = functools.partial(torch.tensor, dtype=torch.int64, device=device)
         self.first, self.first_parents = first, first_parents
-        self.levels = [(t(p), kept, par) for p, _, kept, par in plan]
+        self.levels = [(t(p), kept if len(p) > _REDUCE * kept else None, par) for p, _, kept, par in plan]
         # Flat index (d * R + rank) of every candidate's log-prob, all depths >= 2 concatenated.
         self.rank_index = t([d * ranks + x for d, (_, rr, _, _) in enumerate(plan, start=1) for x in rr])
         self.table_pos = t([0] * first + [x for p, _, _, _ in plan for x in p])
         self.table_rank = t(list(range(first)) + [x for _, r, _, _ in plan for x in r])
-        widths = [first] + [kept for _, _, kept, _ in plan]
         sizes = [first] + [len(p) for p, _, _, _ in plan]
+        widths = [first] + [kept or len(pos) for pos, kept, _ in self.levels]
         parent_counts = [first_parents] + [par for _, _, _, par in plan]
         slot_depth, table_offset, slot_start, parent_start = [], [], [], []
         slot, cand, par = 0, 0, 0
-        for d, (width, size, count) in enumerate(zip(widths, sizes, parent_counts)):
+        for d, (size, width, count) in enumerate(zip(sizes, widths, parent_counts)):
             slot_start.append(slot)
             parent_start.append(par)
             slot_depth += [d] * width
@@ -215,7 +224,7 @@ class _Plan:
         self.table_offset = t(table_offset)
         self.slot_start = t(slot_start)
         self.parent_start = t(parent_start)
-        self.arange = torch.arange(max(widths + [ranks, budget]), device=device)
+        self.arange = torch.arange(max(sizes + [ranks, budget]), device=device)
         self.parent_tie = self.arange * ranks  # i * R for parent position i
         # (d << 18) + r for depth d = 1..K and rank r: the tie-break part a key's rank half carries.
         self.rank_tie = (torch.arange(1, depth + 1, device=device)[:, None] << _DEPTH_SHIFT) + self.arange[:ranks]
@@ -254,8 +263,8 @@ def build_tree_vectorized(logprobs: torch.Tensor, budget: int) -> DraftTree:
     # It is split into a parent part and a rank part, so a depth's keys are two gathers and an add.
     rank_part = fixed_point(logprobs).bitwise_left_shift_(_TIE_BITS).sub_(plan.rank_tie)  # [B, K, R]
     keys = rank_part[:, 0, : plan.first]  # [B, P] depth 1 (parent part 0), already in order
-    kept_keys = [keys]
-    kept_cands = [plan.arange[: plan.first].expand(b, plan.first)]
+    slot_keys = [keys]
+    slot_cands = [plan.arange[: plan.first].expand(b, plan.first)]  # each slot's candidate, within its depth
     parent_slots = [plan.arange[: plan.first_parents].expand(b, plan.first_parents)]  # in order
     score = (keys[:, : plan.first_parents] + _LOW) & ~_LOW  # parents' shifted scores, in order
     rank_terms = rank_part.view(b, k * r).gather(1, plan.rank_index.expand(b, -1))  # [B, sum C], every depth
@@ -265,23 +274,26 @@ def build_tree_vectorized(logprobs: torch.Tensor, budget: int) -> DraftTree:
         parent_part = score - plan.parent_tie[: score.shape[1]]  # [B, P]: (s_i << 24) - i * R
         keys = parent_part.gather(1, pos.expand(b, c)) + rank_terms[:, start : start + c]  # [B, C]
         start += c
-        values, picks = torch.topk(keys, kept, dim=1, sorted=False)  # the depth's best, any order
-        kept_keys.append(values)
-        kept_cands.append(picks)
+        if kept is None:
+            slot_cands.append(plan.arange[:c].expand(b, c))
+        else:  # far more candidates than the depth can hold: keep its best, in any order
+            keys, picks = torch.topk(keys, kept, dim=1, sorted=False)
+            slot_cands.append(picks)
+        slot_keys.append(keys)
         if parents:
-            # The best few, in order, are the only possible parents one depth down.
-            ordered, which = torch.topk(values, parents, dim=1)
+            # Only the depth's first few, in order, can be parents one depth down.
+            ordered, which = torch.topk(keys, parents, dim=1)
             parent_slots.append(which)
             score = (ordered + _LOW) & ~_LOW
 
-    # The tree: the n best of every depth's kept nodes. Keys carry the depth, so one selection
-    # orders them all (equal scores: shallower first, then parent position, then rank).
-    all_keys = torch.cat(kept_keys, 1)  # [B, W]
-    top, order = _top(all_keys, n)  # [B, n] flat slot, in pop order
+    # The tree: the n best slots of all depths. Keys carry the depth, so one selection orders
+    # them all (equal scores: shallower first, then parent position, then rank).
+    all_keys = torch.cat(slot_keys, 1)  # [B, W]
+    top, order = _top(all_keys, n)  # [B, n] slot, in pop order
     depth0 = plan.slot_depth[order]  # [B, n] 0-based depth
-    cand = (torch.cat(kept_cands, 1) + plan.table_offset).gather(1, order)  # [B, n] row of the tables
-    # The parent is position table_pos of the depth above; its slot comes from that depth's
-    # parent list; the slot's tree index from where the selection put it.
+    cand = (torch.cat(slot_cands, 1) + plan.table_offset).gather(1, order)  # [B, n] row of the tables
+    # The parent is position table_pos of the depth above; that depth's parent list gives its
+    # slot, and the selection put the slot at a tree index.
     above = (depth0 - 1).clamp(min=0)
     spare = torch.zeros(b, 1, dtype=torch.int64, device=dev)  # what depth-1 nodes look up (unused)
     parent_in_list = torch.cat(parent_slots + [spare], 1).gather(1, plan.parent_start[above] + plan.table_pos[cand])
