@@ -7,8 +7,9 @@ Profiling is on when ``PERFKIT_PROFILE=1`` (read once, at import), after ``set_e
 inside ``capture()``. When off, ``span`` returns one shared do-nothing context manager and
 ``timed`` returns the function itself, so instrumented code pays a global lookup and nothing else.
 
-When on, every name keeps an aggregate (n, mean, p50, p99, last, total). A line is logged every
-``log_every`` calls (``PERFKIT_PROFILE_EVERY``, default 50) *and* a summary of every name is
+When on, every name keeps an aggregate (n, mean, p50, p99, last, total). While profiling is on
+(not merely inside ``capture()``, which collects quietly), a line is logged every ``log_every``
+calls (``PERFKIT_PROFILE_EVERY``, default 50) *and* a summary of every name is
 printed by ``flush()`` and at interpreter exit, so a function called fewer than ``log_every`` times
 still reports: the case study's profiler printed nothing after 40 calls, and a silent profiler
 looks exactly like a broken one.
@@ -294,7 +295,7 @@ class _Span:
                     sink.set(seconds)
         for c in _captures:
             c._close(self.name)
-        if series.calls - series.logged_at >= _log_every:
+        if (_enabled_by_env or _forced) and series.calls - series.logged_at >= _log_every:
             series.logged_at = series.calls
             if series.pending:
                 _resolve(series, wait=False)

@@ -11,13 +11,8 @@ from perfkit.phases import PHASES, STEP, UNATTRIBUTED
 from perfkit.spans import capture
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors gain nothing from a second thread and lose a lot when the other core is busy."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 
 PROMPTS = [[5, 17, 99, 3, 42, 42, 7, 250, 11, 0, 64], [200, 1, 2], [9, 8, 7, 6, 5, 4, 3]]

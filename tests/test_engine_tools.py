@@ -11,12 +11,8 @@ from perfkit.engine.cli import main
 from perfkit.errors import UserError
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 
 def test_corpus_split_is_disjoint_and_deterministic():

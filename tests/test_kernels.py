@@ -12,13 +12,8 @@ from perfkit.kernels.verify_attention import attention_bias, dense_mask, mask_bi
 from perfkit.kernels.verify_mask import ancestors, causal_mask, prepare_for_verify_compact, prepare_for_verify_naive
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors gain nothing from a second thread and lose a lot when the other core is busy."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 
 FIELDS = ("ranks", "parents", "depths", "scores")

@@ -192,3 +192,15 @@ def test_public_bench_stays_the_function_after_its_module_is_imported():
 
     assert callable(perfkit.bench) and perfkit.bench is perfkit.measure.bench
     assert len(perfkit.bench(lambda: None, warmup=0, repeat=2)) == 2
+
+
+def test_capture_alone_collects_quietly_until_flush(log):
+    spans.set_log_every(2, stream=log)
+    with spans.capture() as cap:
+        for _ in range(5):
+            with spans.span("draft"):
+                pass
+    assert len(cap.samples("draft")) == 5
+    assert log.getvalue() == ""  # no periodic lines: profiling was not switched on
+    spans.flush()
+    assert "[perfkit-prof] draft: n=5 " in log.getvalue()
