@@ -9,15 +9,14 @@ safetensors reader can open these files; loading one can never execute code. The
 from __future__ import annotations
 
 import json
-import os
 import struct
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 from perfkit.errors import UserError
+from perfkit.paths import write_atomic
 
 __all__ = ["CHECKPOINT_DIR", "FORMAT", "VERSION", "save_weights", "load_weights"]
 
@@ -50,21 +49,7 @@ def save_weights(path: str | Path, tensors: dict[str, torch.Tensor], *, config: 
     header["__metadata__"] = meta
     head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)  # align the data to 8 bytes
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(struct.pack("<Q", len(head)))
-            f.write(head)
-            for raw in blobs:
-                f.write(raw)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(Path(path), b"".join([struct.pack("<Q", len(head)), head, *blobs]))
 
 
 def load_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
