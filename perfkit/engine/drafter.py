@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from perfkit.engine.model import RMSNorm, SwiGLU
+from perfkit.engine.model import RMSNorm, SwiGLU, config_from_dict
 from perfkit.errors import UserError
 
 __all__ = ["DrafterConfig", "BlockDrafter"]
@@ -53,11 +53,7 @@ class DrafterConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "DrafterConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise UserError(f"unknown DrafterConfig fields: {', '.join(unknown)}")
-        return cls(**data)
+        return config_from_dict(cls, data)
 
 
 class SlotLayer(nn.Module):

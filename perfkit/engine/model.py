@@ -72,11 +72,15 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise UserError(f"unknown ModelConfig fields: {', '.join(unknown)}")
-        return cls(**data)
+        return config_from_dict(cls, data)
+
+
+def config_from_dict(cls, data: dict):
+    """A config dataclass from stored JSON; an unknown field is an error, not a silent default."""
+    unknown = sorted(set(data) - {f.name for f in fields(cls)})
+    if unknown:
+        raise UserError(f"unknown {cls.__name__} fields: {', '.join(unknown)}")
+    return cls(**data)
 
 
 class RMSNorm(nn.Module):

@@ -84,6 +84,14 @@ TINY = Settings(  # for tests: seconds, useless weights
 )
 
 
+def _update(opt, loss, module) -> None:
+    """One optimizer step: gradients of ``loss``, clipped to norm 1, applied."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+    opt.step()
+
+
 def _lr(step: int, total: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -139,10 +147,7 @@ def train_target(settings: Settings, text: torch.Tensor, held: torch.Tensor, log
         batch = _windows(text, settings.target_batch, settings.seq_len + 1, gen)
         logits = target.head(target.forward_sequence(batch[:, :-1]))
         loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(target.parameters(), 1.0)
-        opt.step()
+        _update(opt, loss, target)
         if (step + 1) % settings.log_every == 0 or step + 1 == settings.target_steps:
             point = {"step": step + 1, "loss": round(loss.item(), 4), "wall_s": round(time.perf_counter() - t0, 1)}
             if (step + 1) % (settings.log_every * 4) == 0 or step + 1 == settings.target_steps:
@@ -249,10 +254,7 @@ def train_drafter(settings: Settings, roll: Rollouts, held: Rollouts, log) -> tu
         root, win_tok, win_hid, labels = roll.examples(rows, roots)
         logits = drafter(root, win_tok, win_hid)
         loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
+        _update(opt, loss, drafter)
         if (step + 1) % settings.log_every == 0 or step + 1 == settings.drafter_steps:
             point = {"step": step + 1, "loss": round(loss.item(), 4), "wall_s": round(time.perf_counter() - t0, 1)}
             if (step + 1) % (settings.log_every * 4) == 0 or step + 1 == settings.drafter_steps:
