@@ -23,25 +23,36 @@ depth) and its first child (rank 0, next depth), until N nodes are popped. Ties 
 broken by the heap key (-score, depth, parent index, rank), a total order in which a parent precedes
 its children and a sibling its next sibling, so the tree is exactly the first N nodes of that order.
 
-The vectorized builder computes the same order depth by depth, with no per-node loop. Within a
-depth the order is (-score, parent position at the depth above, rank), so a node's key
-score * 2**24 - ((d << 18) + i * R + r) for child (i, r) of the i-th parent is unique and orders
-like the heap: one ``topk`` selects exactly, no stable sort or tie fix-up needed. Only nodes that
-can be in the tree are considered, which keeps the positions of those that are exact: a depth
-keeps at most N - d + 1 nodes (each has d - 1 ancestors), child (i, r) needs
-(i+1)(r+2) + d - 2 <= N (all (i', r') with i' <= i, r' <= r precede it, with their i + 1 parents
-and d - 2 more ancestors), so a depth looks at about N ln N candidates, not N * R, and only its
-first (N - d + 1) // 2 nodes can be parents, so only those are put in order (a topk per depth).
-A final topk over every depth's candidates (keys carry the depth: equal scores go shallower
-first) is the pop order; a depth with many more candidates than the N - d + 1 it can hold is cut
-to those first. CPU sorts and selections are branchy, so the design minimises how many elements
-go through them rather than the number of tensor operations.
+The vectorized builder computes the same order with a handful of batched selections:
+
+- Keys. Within a depth the heap's order is (-score, position of the parent in its depth, rank), so
+  child r of the parent at position i of depth d - 1 gets the int64 key
+  ``(score << 24) - ((d << 18) + i * R + r)``: larger is earlier, no two nodes share a key, and the
+  key alone gives back score, depth, parent position and rank. The tree is the N largest keys.
+- Candidates. A node can only be in the tree if the tree has room for what must precede it: child
+  (i, r) comes after every (i', r') with i' <= i, r' <= r, their i + 1 parents and d - 2 more
+  ancestors, so it needs (i+1)(r+2) + d - 2 <= N (about N ln N candidates per depth, not N * R).
+- Lists. Depth d + 1 needs the first L_d = (N - d + 1) // 2 nodes of depth d in order (a node
+  further down would need two nodes per position above it, more than the budget). Those are found
+  by one sorted ``topk`` per depth among the candidates with (i+1)(r+1) <= L_d + 1, the only ones
+  that can be that far up; depth 1 is in order already.
+- Final selection. Two depths cannot both hold more tree nodes than their lists (that would need
+  more than N nodes), and the depth that does is the one whose best node left out of its list is
+  best. So the tree is the N best of: every list, every candidate of that one depth, and every
+  candidate of the last depth (which needs no list): about 4N keys, not N ln N * K. One sorted
+  ``topk`` of those is the pop order.
+
+CPU selections are branchy (about 10 ns per element on unseen data), so the design minimises the
+elements that go through them, not the number of tensor operations; on the CPU the scratch buffers
+are kept per thread, because fresh ones of this size page-fault on every call. Nothing reads a value
+back to the host, so on CUDA the build never synchronises.
 """
 
 from __future__ import annotations
 
 import functools
 import heapq
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -90,14 +101,19 @@ _TIE_BITS = 24  # a selection key is score << 24 minus a tie-break (depth << 18)
 _DEPTH_SHIFT = 18
 
 
-def fixed_point(logprobs: torch.Tensor) -> torch.Tensor:
+def fixed_point(logprobs: torch.Tensor, *, scratch: tuple | None = None) -> torch.Tensor:
     """int64 log-probs in units of 2**-20 nats; the one rounding both builders share.
 
     Scaling by a power of two is exact in any float format, so rounding float32 (or float64)
-    inputs gives the same integers on every device.
+    inputs gives the same integers on every device. ``scratch``: a (float32, int64) pair of
+    buffers shaped like ``logprobs`` to compute into instead of allocating.
     """
-    scaled = logprobs.detach().float().clamp(min=LOGPROB_FLOOR)
-    return scaled.mul_(float(1 << FIXED_POINT_BITS)).round_().long()
+    values = logprobs.detach().float()
+    if scratch is None:
+        return values.clamp(min=LOGPROB_FLOOR).mul_(float(1 << FIXED_POINT_BITS)).round_().long()
+    work, out = scratch
+    torch.clamp(values, min=LOGPROB_FLOOR, out=work)
+    return out.copy_(work.mul_(float(1 << FIXED_POINT_BITS)).round_())
 
 
 def node_tokens(tree: DraftTree, top_tokens: torch.Tensor) -> torch.Tensor:
@@ -144,168 +160,165 @@ def build_tree_heap(logprobs: torch.Tensor, budget: int) -> DraftTree:
     )
 
 
-# --- fast: depth by depth, batched ------------------------------------------------------------------
+# --- fast: lists per depth, one final selection ----------------------------------------------------
 
 
 @functools.lru_cache(maxsize=64)
-def _plan(budget: int, depth: int, ranks: int):
-    """Per depth d >= 2: candidate (parent position, rank) lists, ordered by (position, rank); how
-    many nodes the depth keeps; how many of those, in order, are parents for depth d + 1. Depends
-    only on the shapes, so it is computed once.
-
-    Only nodes that can be in the tree matter (their positions stay exact whatever else is cut):
-    a depth-d node has an ancestor at each of the d - 1 depths above, so a depth keeps at most
-    budget - d + 1; child (i, r) of the i-th parent comes with every (i', r') for i' <= i, r' <= r,
-    their i + 1 parents and d - 2 more ancestors, so it needs (i+1)(r+2) + d - 2 <= budget, which
-    also means only the first (budget - d + 2) // 2 nodes of depth d - 1 can be parents.
-    """
-    first = min(budget, ranks)  # depth 1: ranks 0..first-1, already in order
-    parents = min(first, budget // 2)
-    plan = []
-    for d in range(2, depth + 1):
+def _levels(budget: int, depth: int, ranks: int) -> tuple:
+    """Per depth (plain Python, from the shapes only): its candidates (parent position i, rank r),
+    ordered so that those that can be among its first ``listed + 1`` nodes come first; how many
+    those are; ``listed`` = L_d, 0 for the last depth."""
+    out, parents = [], 1
+    for d in range(1, depth + 1):
         room = budget - d + 2
-        pos, rank = [], []
-        for i in range(parents):
-            for r in range(min(ranks, room // (i + 1) - 1)):
-                pos.append(i)
-                rank.append(r)
-        if not pos:
-            break
-        kept = min(budget - d + 1, len(pos))
-        plan.append((tuple(pos), tuple(rank), kept, min(kept, (budget - d + 1) // 2)))
-        parents = plan[-1][3]
+        cands = [(i, r) for i in range(parents) for r in range(min(ranks, room // (i + 1) - 1))]
+        listed = min(len(cands), (budget - d + 1) // 2) if d < depth else 0
+        near = [c for c in cands if (c[0] + 1) * (c[1] + 1) <= listed + 1]
+        far = [c for c in cands if (c[0] + 1) * (c[1] + 1) > listed + 1]
+        out.append((tuple(near + far), len(near), listed))
+        parents = listed
         if not parents:
             break
-    return first, min(first, budget // 2), tuple(plan)
-
-
-_plan_tensors: dict = {}
-_LOW = (1 << _TIE_BITS) - 1  # the tie-break bits of a key
-
-
-_REDUCE = 4  # a depth with more than 4x as many candidates as it can keep is cut to those first
+    return tuple(out)
 
 
 class _Plan:
-    """``_plan`` as device tensors, built once per (budget, depth, ranks, device).
+    """``_levels`` as device tensors, built once per (budget, depth, ranks, device).
 
-    levels: per depth >= 2, (pos [C], kept or None, parents): ``kept`` when the depth's
-    candidates are first cut to its best ``kept`` (many more candidates than nodes it can hold),
-    else every candidate goes to the final selection; rank_index: where each candidate's rank term
-    is in the flattened [K * R] log-probs, depths concatenated; table_pos / table_rank: parent
-    position and rank of every candidate of every depth, depth 1 first. Per slot of the final
-    selection (a depth's candidates, or its kept ones): its 0-based depth and its depth's offset
-    into the tables; per depth, its first slot and the offset of its parent list.
+    The pool, the keys that the final selection looks at, has one section per listed depth (its
+    list and one slot for its best node left out), then the spill (every candidate of one depth,
+    padded to the widest), then the last depth's candidates. ``shifted`` holds, per list entry,
+    its (score - 1) << 24 minus its tie-break as a parent, i * R; column 0 is 0 for depth 1.
+    A candidate's key is its rank term (``terms``) plus its parent's ``shifted`` entry.
     """
 
     def __init__(self, budget: int, depth: int, ranks: int, device):
-        first, first_parents, plan = _plan(budget, depth, ranks)
         t = functools.partial(torch.tensor, dtype=torch.int64, device=device)
-        self.first, self.first_parents = first, first_parents
-        self.levels = [(t(p), kept if len(p) > _REDUCE * kept else None, par) for p, _, kept, par in plan]
-        # Flat index (d * R + rank) of every candidate's log-prob, all depths >= 2 concatenated.
-        self.rank_index = t([d * ranks + x for d, (_, rr, _, _) in enumerate(plan, start=1) for x in rr])
-        self.table_pos = t([0] * first + [x for p, _, _, _ in plan for x in p])
-        self.table_rank = t(list(range(first)) + [x for _, r, _, _ in plan for x in r])
-        sizes = [first] + [len(p) for p, _, _, _ in plan]
-        widths = [first] + [kept or len(pos) for pos, kept, _ in self.levels]
-        parent_counts = [first_parents] + [par for _, _, _, par in plan]
-        slot_depth, table_offset, slot_start, parent_start = [], [], [], []
-        slot, cand, par = 0, 0, 0
-        for d, (size, width, count) in enumerate(zip(sizes, widths, parent_counts)):
-            slot_start.append(slot)
-            parent_start.append(par)
-            slot_depth += [d] * width
-            table_offset += [cand] * width
-            slot += width
-            cand += size
-            par += count
-        self.slot_depth = t(slot_depth)
-        self.table_offset = t(table_offset)
-        self.slot_start = t(slot_start)
-        self.parent_start = t(parent_start)
-        self.arange = torch.arange(max(sizes + [ranks, budget]), device=device)
-        self.parent_tie = self.arange * ranks  # i * R for parent position i
-        # (d << 18) + r for depth d = 1..K and rank r: the tie-break part a key's rank half carries.
-        self.rank_tie = (torch.arange(1, depth + 1, device=device)[:, None] << _DEPTH_SHIFT) + self.arange[:ranks]
+        levels = _levels(budget, depth, ranks)
+        # Rank term of depth d (0-based), rank r: l << 24 minus (d + 1) << 18 and r; depths below
+        # the first add back the 1 << 24 that (parent key >> 24) loses.
+        self.rank_tie = t(
+            [[((d + 1) << _DEPTH_SHIFT) + r - ((1 << _TIE_BITS) if d else 0) for r in range(ranks)] for d in range(depth)]
+        ).view(-1)
+        starts, depth_of_column = [0], []
+        self.lists = []  # per listed depth: (parent columns in shifted or None, rank columns, L_d, topk size, section start)
+        self.empty_slots = []  # the extra slot of a depth that has no node left out
+        for d, (cands, near, listed) in enumerate(levels):
+            ref = t([1 + starts[d - 1] + i for i, _ in cands]) if d else None
+            rank_index = t([d * ranks + r for _, r in cands])
+            if not listed:
+                self.last = (ref, rank_index)
+                break
+            take = min(listed + 1, len(cands))
+            self.lists.append((None if ref is None else ref[:near], rank_index[:near], listed, take, starts[-1]))
+            if take == listed:
+                self.empty_slots.append(starts[-1] + listed)
+            starts.append(starts[-1] + listed + 1)
+            depth_of_column += [d] * (listed + 1)
+        self.section = starts[-1]  # columns of the list sections
+        self.list_start = t(starts[:-1] or [0])
+        self.depth_of_column = t(depth_of_column)
+        self.leftover_column = t([s - 1 for s in starts[1:]])
+        self.parent_tie = t([i * ranks for a, z in zip(starts, starts[1:]) for i in range(z - a)])
+        listed_levels = levels[: len(self.lists)]
+        self.widest = w = max((len(c) for c, _, _ in listed_levels), default=0)
+        self.spill_ref = t([[1 + starts[d - 1] + i if d else 0 for i, _ in c] + [0] * (w - len(c)) for d, (c, _, _) in enumerate(listed_levels)])
+        self.spill_rank = t([[d * ranks + r for _, r in c] + [0] * (w - len(c)) for d, (c, _, _) in enumerate(listed_levels)])
+        self.spill_pad = torch.tensor([[False] * len(c) + [True] * (w - len(c)) for c, _, _ in listed_levels], device=device)
+        self.width = self.section + w + self.last[1].shape[0]
+        self.nodes = torch.arange(budget, device=device)
+
+
+_plans: dict = {}
 
 
 def _plan_on(budget: int, depth: int, ranks: int, device) -> _Plan:
     key = (budget, depth, ranks, str(device))
-    got = _plan_tensors.get(key)
+    got = _plans.get(key)
     if got is None:
-        if len(_plan_tensors) > 64:
-            _plan_tensors.clear()
-        got = _plan_tensors[key] = _Plan(budget, depth, ranks, device)
+        if len(_plans) > 64:
+            _plans.clear()
+        got = _plans[key] = _Plan(budget, depth, ranks, device)
     return got
 
 
-def _top(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k largest of distinct ``keys`` [B, C] per row, largest first: (values, column indices).
+_per_thread = threading.local()
+_MIN = torch.iinfo(torch.int64).min  # below every key: an empty slot
+_TIE_MASK = (1 << _DEPTH_SHIFT) - 1
 
-    An unsorted topk then a sort of the k winners: on CPUs cheaper than a sorted topk. Keys are
-    distinct, so the result is fully determined.
-    """
-    values, index = torch.topk(keys, k, dim=1, sorted=False)
-    values, order = torch.sort(values, dim=1, descending=True)
-    return values, index.gather(1, order)
+
+def _scratch(plan: _Plan, b: int, k: int, r: int, device) -> list:
+    """pool, column -> tree index, list entry -> candidate, shifted, and the fixed-point scratch.
+    Kept per thread (and per plan and batch) on the CPU; fresh on other devices."""
+    shapes = ((b, plan.width), (b, plan.width), (b, plan.section), (b, 1 + plan.section))
+    if device.type == "cpu":
+        key = (id(plan), b)
+        kept = getattr(_per_thread, "scratch", None)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        bufs = [torch.empty(s, dtype=torch.int64) for s in shapes] + [(torch.empty(b, k * r), torch.empty(b, k * r, dtype=torch.int64))]
+        _per_thread.scratch = (key, bufs)
+    else:
+        bufs = [torch.empty(s, dtype=torch.int64, device=device) for s in shapes] + [None]
+    if plan.lists and plan.lists[0][0] is None:  # depth 1's list is its first ranks, in order
+        take = plan.lists[0][3]
+        bufs[2][:, :take] = torch.arange(take, device=device)
+    bufs[3][:, 0] = 0
+    return bufs
 
 
 def build_tree_vectorized(logprobs: torch.Tensor, budget: int) -> DraftTree:
-    """Same trees as :func:`build_tree_heap`, as K small batched top-k selections on the logprobs'
-    device. No host synchronisation."""
+    """Same trees as :func:`build_tree_heap`: a sorted top-k per depth for its list, then one over
+    about 4N keys, on the logprobs' device. No host synchronisation."""
     b, k, r = _check(logprobs, budget)
     dev = logprobs.device
-    n = budget
-    plan = _plan_on(n, k, r, dev)
-    # Key of candidate (i, r) at depth d: (score << 24) - ((d << 18) + i * R + r). Larger is
-    # earlier, all keys differ, and the tie-break is the heap's (depth, parent position, rank).
-    # It is split into a parent part and a rank part, so a depth's keys are two gathers and an add.
-    rank_part = fixed_point(logprobs).bitwise_left_shift_(_TIE_BITS).sub_(plan.rank_tie)  # [B, K, R]
-    keys = rank_part[:, 0, : plan.first]  # [B, P] depth 1 (parent part 0), already in order
-    slot_keys = [keys]
-    slot_cands = [plan.arange[: plan.first].expand(b, plan.first)]  # each slot's candidate, within its depth
-    parent_slots = [plan.arange[: plan.first_parents].expand(b, plan.first_parents)]  # in order
-    score = (keys[:, : plan.first_parents] + _LOW) & ~_LOW  # parents' shifted scores, in order
-    rank_terms = rank_part.view(b, k * r).gather(1, plan.rank_index.expand(b, -1))  # [B, sum C], every depth
-    start = 0
-    for pos, kept, parents in plan.levels:
-        c = pos.shape[0]
-        parent_part = score - plan.parent_tie[: score.shape[1]]  # [B, P]: (s_i << 24) - i * R
-        keys = parent_part.gather(1, pos.expand(b, c)) + rank_terms[:, start : start + c]  # [B, C]
-        start += c
-        if kept is None:
-            slot_cands.append(plan.arange[:c].expand(b, c))
-        else:  # far more candidates than the depth can hold: keep its best, in any order
-            keys, picks = torch.topk(keys, kept, dim=1, sorted=False)
-            slot_cands.append(picks)
-        slot_keys.append(keys)
-        if parents:
-            # Only the depth's first few, in order, can be parents one depth down.
-            ordered, which = torch.topk(keys, parents, dim=1)
-            parent_slots.append(which)
-            score = (ordered + _LOW) & ~_LOW
-
-    # The tree: the n best slots of all depths. Keys carry the depth, so one selection orders
-    # them all (equal scores: shallower first, then parent position, then rank).
-    all_keys = torch.cat(slot_keys, 1)  # [B, W]
-    top, order = _top(all_keys, n)  # [B, n] slot, in pop order
-    depth0 = plan.slot_depth[order]  # [B, n] 0-based depth
-    cand = (torch.cat(slot_cands, 1) + plan.table_offset).gather(1, order)  # [B, n] row of the tables
-    # The parent is position table_pos of the depth above; that depth's parent list gives its
-    # slot, and the selection put the slot at a tree index.
-    above = (depth0 - 1).clamp(min=0)
-    spare = torch.zeros(b, 1, dtype=torch.int64, device=dev)  # what depth-1 nodes look up (unused)
-    parent_in_list = torch.cat(parent_slots + [spare], 1).gather(1, plan.parent_start[above] + plan.table_pos[cand])
-    where = torch.empty_like(all_keys)
-    where.scatter_(1, order, plan.arange[:n].expand(b, n))
-    parents = torch.where(depth0 > 0, where.gather(1, plan.slot_start[above] + parent_in_list), -1)
-    return DraftTree(
-        ranks=plan.table_rank[cand],
-        parents=parents,
-        depths=depth0 + 1,
-        scores=(top + _LOW) >> _TIE_BITS,  # the tie-break is in [0, 2**24): flooring drops it
-    )
+    plan = _plan_on(budget, k, r, dev)
+    pool, tree_index, candidate, shifted, scratch = _scratch(plan, b, k, r, dev)
+    terms = fixed_point(logprobs.reshape(b, k * r), scratch=scratch)
+    terms.bitwise_left_shift_(_TIE_BITS).sub_(plan.rank_tie)  # a candidate's key less its parent's part
+    for ref, rank_index, listed, take, a in plan.lists:
+        if ref is None:  # depth 1
+            pool[:, a : a + take] = terms[:, :take]
+        else:
+            keys = terms.gather(1, rank_index.expand(b, -1)).add_(shifted.gather(1, ref.expand(b, -1)))
+            torch.topk(keys, take, dim=1, out=(pool[:, a : a + take], candidate[:, a : a + take]))
+        # a key is (score << 24) - tie with 0 < tie < 2**24, so key >> 24 is score - 1
+        entries = pool[:, a : a + listed]
+        torch.sub((entries >> _TIE_BITS) << _TIE_BITS, plan.parent_tie[a : a + listed], out=shifted[:, 1 + a : 1 + a + listed])
+    for column in plan.empty_slots:
+        pool[:, column] = _MIN
+    ref, rank_index = plan.last
+    last = pool[:, plan.width - rank_index.shape[0] :]
+    torch.gather(terms, 1, rank_index.expand(b, -1), out=last)
+    if ref is not None:
+        last.add_(shifted.gather(1, ref.expand(b, -1)))
+    if plan.section:
+        # The one depth that may hold more tree nodes than its list: its best left-out node is best.
+        over = pool.index_select(1, plan.leftover_column).argmax(1)  # [B]
+        spill = pool[:, plan.section : plan.section + plan.widest]
+        torch.add(
+            terms.gather(1, plan.spill_rank.index_select(0, over)),
+            shifted.gather(1, plan.spill_ref.index_select(0, over)),
+            out=spill,
+        )
+        spill.masked_fill_(plan.spill_pad.index_select(0, over), _MIN)
+        spilled = plan.depth_of_column == over[:, None]  # [B, section]
+        pool[:, : plan.section].masked_fill_(spilled, _MIN)  # the spill has them
+    top, column = torch.topk(pool, budget, dim=1)  # the tree's keys, in pop order
+    score = (top >> _TIE_BITS) + 1
+    tie = (score << _TIE_BITS) - top  # (depth << 18) + i * R + rank
+    depths = tie >> _DEPTH_SHIFT
+    spot = tie & _TIE_MASK
+    position = spot // r  # of the parent, in the depth above
+    if plan.section:
+        # The parent is entry `position` of the list one depth up, or that entry's spill column.
+        entry = plan.list_start.take((depths - 2).clamp_(min=0)).add_(position)
+        parent_column = torch.where(spilled.gather(1, entry), plan.section + candidate.gather(1, entry), entry)
+        tree_index.scatter_(1, column, plan.nodes.expand(b, budget))
+        parents = torch.where(depths > 1, tree_index.gather(1, parent_column), -1)
+    else:
+        parents = torch.full_like(top, -1)
+    return DraftTree(ranks=spot - position * r, parents=parents, depths=depths, scores=score)
 
 
 BUILDERS = {"heap": build_tree_heap, "vectorized": build_tree_vectorized}
