@@ -203,3 +203,62 @@ def test_vectorized_tree_equals_heap_on_random_shapes():
         cap = sum(r**d for d in range(1, k + 1))
         n = int(torch.randint(1, min(cap, 120) + 1, (1,), generator=rng))
         _assert_same(build_tree_heap(lp, n), build_tree_vectorized(lp, n))
+
+
+def _depth_counts(tree, depth):
+    return [[int((tree.depths[b] == d).sum()) for d in range(1, depth + 1)] for b in range(tree.depths.shape[0])]
+
+
+@pytest.mark.parametrize("wide", [1, 2, 4])
+def test_vectorized_tree_when_one_depth_holds_more_than_its_list(wide):
+    """The final selection keeps every candidate of the one depth that holds more tree nodes than
+    its list of (N - d + 1) // 2; make depth `wide` that depth (flat there, peaked elsewhere)."""
+    batch, depth, ranks, budget = 3, 5, 32, 40
+    lp = _logprobs(batch, depth, ranks, seed=wide, quant=None)
+    lp[:, : wide - 1] = torch.linspace(0, -30, ranks)  # one clear path down to depth `wide`
+    lp[:, wide - 1] = torch.linspace(-0.01, -0.5, ranks)  # nearly flat: many siblings fit
+    lp[:, wide:] = torch.linspace(-3, -40, ranks)  # deeper nodes cost more than a sibling
+    heap, vec = build_tree_heap(lp, budget), build_tree_vectorized(lp, budget)
+    _assert_same(heap, vec)
+    assert all(counts[wide - 1] > (budget - wide + 1) // 2 for counts in _depth_counts(heap, depth))
+
+
+def test_vectorized_tree_with_ties_across_the_list_boundary():
+    """Quantised log-probs put equal scores right where a depth's list ends."""
+    for seed in range(6):
+        lp = _logprobs(4, 6, 24, seed=seed, quant=1.0)
+        lp[:, 0] = (torch.arange(24) // 6).float().neg()  # groups of six equal depth-1 scores
+        for budget in (12, 13, 37, 64):
+            _assert_same(build_tree_heap(lp, budget), build_tree_vectorized(lp, budget))
+
+
+def test_vectorized_tree_reused_scratch_does_not_leak_into_results():
+    a, b = _logprobs(8, 8, 64, seed=1), _logprobs(8, 8, 64, seed=2)
+    first = build_tree_vectorized(a, 64)
+    kept = {f: getattr(first, f).clone() for f in FIELDS}
+    second = build_tree_vectorized(b, 64)  # same shapes: same per-thread scratch
+    assert all(torch.equal(getattr(first, f), kept[f]) for f in FIELDS)
+    _assert_same(second, build_tree_heap(b, 64))
+
+
+def test_vectorized_tree_from_several_threads():
+    from concurrent.futures import ThreadPoolExecutor
+
+    inputs = [_logprobs(16, 8, 64, seed=s) for s in range(8)]
+    with ThreadPoolExecutor(4) as pool:
+        trees = list(pool.map(lambda lp: build_tree_vectorized(lp, 64), inputs * 3))
+    for lp, tree in zip(inputs * 3, trees):
+        _assert_same(tree, build_tree_heap(lp, 64))
+
+
+def test_vectorized_tree_equals_heap_on_large_random_budgets():
+    rng = torch.Generator().manual_seed(7)
+    for _ in range(40):
+        b, k, v = (int(torch.randint(lo, hi, (1,), generator=rng)) for lo, hi in ((1, 5), (2, 9), (16, 300)))
+        r = int(torch.randint(8, v + 1, (1,), generator=rng))
+        lp = (torch.randn(b, k, v, generator=rng) * float(torch.rand(1, generator=rng) * 4 + 0.5)).log_softmax(-1)
+        if torch.rand(1, generator=rng) < 0.5:
+            lp = (lp * 4).round() / 4  # ties
+        lp = lp.topk(r, dim=-1).values
+        n = int(torch.randint(16, min(sum(r**d for d in range(1, k + 1)), 400) + 1, (1,), generator=rng))
+        _assert_same(build_tree_heap(lp, n), build_tree_vectorized(lp, n))
