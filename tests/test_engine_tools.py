@@ -123,11 +123,25 @@ def test_benchmark_table_shows_every_figure():
             "sweep": [{"budget": 8, "spec_decode_tok_s": 600.0, "accept_len": 2.2, "speedup": 1.2}],
             "best": {"budget": 8, "spec_decode_tok_s": 600.0, "accept_len": 2.2, "speedup": 1.2},
         },
-        "tree_build": [{"batch": 128, "budget": 64, "heap_ms": 8.0, "vectorized_ms": 2.0, "speedup": 4.0, "same_trees": True}],
+        "tree_build": [{"batch": 128, "budget": 64, "pairs": 12, "heap_ms": 8.0, "vectorized_ms": 2.0, "speedup": 4.0,
+                        "speedup_low": 3.5, "speedup_high": 4.4, "same_trees": True}],
         "verify_mask": [{"batch": 8, "ctx": 32768, "nodes": 32, "naive_ms": 6.0, "compact_ms": 0.08, "speedup": 75.0}],
     }
     text = format_benchmarks(record)
     assert "accept length on held-out text (4 prompts x 64 tokens): 2.61" in text
     assert "spec budget   8:   600.0 tok/s  accept 2.20  spec/AR 1.20x" in text
-    assert "128     64     8.000     2.000    4.00x True" in text
+    assert "12 alternating pairs" in text
+    assert "128     64     8.000     2.000       4.00x [3.50, 4.40] True" in text
     assert "8  32768     6.000     0.0800    75.0x" in text
+
+
+def test_tree_build_benchmark_runs_alone_and_checks_every_tree(capsys):
+    assert main(["benchmarks", "--quick", "--only", "tree", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert set(record) == {"format", "version", "quick", "device", "threads", "tree_build"}
+    rows = record["tree_build"]
+    assert [(r["batch"], r["budget"]) for r in rows] == [(b, n) for n in (16, 64, 256) for b in (1, 8, 32, 128)]
+    for r in rows:
+        assert r["same_trees"] is True
+        assert r["speedup_low"] <= r["speedup"] <= r["speedup_high"]
+        assert r["speedup"] == pytest.approx(r["heap_ms"] / r["vectorized_ms"], rel=0.5)  # a ratio of means vs of medians

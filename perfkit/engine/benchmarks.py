@@ -2,8 +2,9 @@
 
 1. Accept length of the shipped weights on held-out text, and spec vs AR decode tok/s at ~1k
    context, batch 1 (AR and spec runs alternate, median of the repeats).
-2. Tree build, vectorized vs heapq, over batch x budget (the heap timing includes the copy of the
-   log-probs to the host, which the heap path needs).
+2. Tree build, vectorized vs heapq, over batch x budget: a new draft each time, the two builders
+   alternating, the speedup with its interval (the heap timing includes the copy of the log-probs
+   to the host, which the heap path needs).
 3. Verify mask, compact vs naive, over context x batch at 32 tree nodes (prepare_for_verify only).
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 
-__all__ = ["run_benchmarks", "format_benchmarks", "tree_build_figures", "mask_figures", "spec_figures"]
+__all__ = ["run_benchmarks", "format_benchmarks", "tree_build_figures", "mask_figures", "spec_figures", "SECTIONS"]
 
 
 def _median_s(fn, *, quick: bool) -> float:
@@ -74,20 +75,48 @@ def _draft_like(batch: int, depth: int, ranks: int, seed: int):
 
 
 def tree_build_figures(*, quick: bool, device: str = "cpu") -> list[dict]:
-    """Vectorized vs heapq tree build at batch 1/8/32/128 x budget 16/64/256, trees checked equal."""
+    """Vectorized vs heapq tree build at batch 1/8/32/128 x budget 16/64/256 (8 depths, top-R =
+    budget), trees checked equal on every input.
+
+    Each repetition builds a different draft (a pool of 8), as the decode loop does, so neither
+    builder gets to replay one input's branches; heap and vectorized alternate on the same input,
+    and the speedup is the ratio of their mean times over those pairs, with a 95% interval. On
+    CUDA the heap's time includes the copy of the log-probs to the host that it needs, and both
+    are timed up to a synchronisation."""
+    import time
+
     import torch
 
     from perfkit.kernels.tree_build import build_tree_heap, build_tree_vectorized
+    from perfkit.stats import ratio_interval, seed_for
 
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    pairs = 12 if quick else 40
     rows = []
     for budget in (16, 64, 256):
         for batch in (1, 8, 32, 128):
-            lp = _draft_like(batch, 8, min(budget, 256), seed=batch * 1000 + budget).to(device)
-            a, b = build_tree_heap(lp, budget), build_tree_vectorized(lp, budget)
-            same = all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("ranks", "parents", "depths", "scores"))
-            heap = _median_s(lambda: build_tree_heap(lp, budget), quick=quick)
-            vec = _median_s(lambda: build_tree_vectorized(lp, budget), quick=quick)
-            rows.append({"batch": batch, "budget": budget, "heap_ms": heap * 1e3, "vectorized_ms": vec * 1e3, "speedup": heap / vec, "same_trees": same})
+            drafts = [_draft_like(batch, 8, min(budget, 256), seed=batch * 1000 + budget + j).to(device) for j in range(8)]
+            same = True
+            for lp in drafts:
+                a, b = build_tree_heap(lp, budget), build_tree_vectorized(lp, budget)
+                same &= all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("ranks", "parents", "depths", "scores"))
+            times = {"heap": [], "vectorized": []}
+            for i in range(pairs + 2):  # the first two pairs warm up
+                for name, build in (("heap", build_tree_heap), ("vectorized", build_tree_vectorized)):
+                    sync()
+                    start = time.perf_counter()
+                    build(drafts[i % len(drafts)], budget)
+                    sync()
+                    if i >= 2:
+                        times[name].append(time.perf_counter() - start)
+            speedup = ratio_interval(times["heap"], times["vectorized"], paired=True, seed=seed_for(f"tree_build/{batch}/{budget}"))
+            rows.append({
+                "batch": batch, "budget": budget, "pairs": pairs,
+                "heap_ms": statistics.median(times["heap"]) * 1e3,
+                "vectorized_ms": statistics.median(times["vectorized"]) * 1e3,
+                "speedup": speedup.value, "speedup_low": speedup.low, "speedup_high": speedup.high,
+                "same_trees": same,
+            })
     return rows
 
 
@@ -113,25 +142,32 @@ def mask_figures(*, quick: bool, device: str = "cpu", nodes: int = 32) -> list[d
     return rows
 
 
-def run_benchmarks(*, quick: bool = False, device: str = "cpu") -> dict:
+SECTIONS = {"spec": ("spec_vs_ar", spec_figures), "tree": ("tree_build", tree_build_figures), "mask": ("verify_mask", mask_figures)}
+
+
+def run_benchmarks(*, quick: bool = False, device: str = "cpu", only: tuple = tuple(SECTIONS)) -> dict:
     import torch
 
-    return {
-        "format": "perfkit-engine-benchmarks",
-        "version": 1,
-        "quick": quick,
-        "device": device,
-        "threads": torch.get_num_threads(),
-        "spec_vs_ar": spec_figures(quick=quick, device=device),
-        "tree_build": tree_build_figures(quick=quick, device=device),
-        "verify_mask": mask_figures(quick=quick, device=device),
-    }
+    record = {"format": "perfkit-engine-benchmarks", "version": 2, "quick": quick, "device": device, "threads": torch.get_num_threads()}
+    for name in only:
+        key, figures = SECTIONS[name]
+        record[key] = figures(quick=quick, device=device)
+    return record
 
 
 def format_benchmarks(record: dict) -> str:
-    s = record["spec_vs_ar"]
+    lines = [f"perfkit engine benchmarks ({'quick' if record['quick'] else 'full'}; {record['device']}, {record['threads']} threads)"]
+    if "spec_vs_ar" in record:
+        lines += _format_spec(record["spec_vs_ar"])
+    if "tree_build" in record:
+        lines += _format_tree(record["tree_build"])
+    if "verify_mask" in record:
+        lines += _format_mask(record["verify_mask"])
+    return "\n".join(lines)
+
+
+def _format_spec(s: dict) -> list[str]:
     lines = [
-        f"perfkit engine benchmarks ({'quick' if record['quick'] else 'full'}; {record['device']}, {record['threads']} threads)",
         "",
         f"Spec decode, shipped weights, budget {s['budget']}",
         f"  accept length on held-out text ({s['heldout_prompts']} prompts x {s['heldout_gen']} tokens): {s['heldout_accept_len']:.2f}",
@@ -141,16 +177,23 @@ def format_benchmarks(record: dict) -> str:
         lines.append(
             f"    spec budget {r['budget']:>3}: {r['spec_decode_tok_s']:>7.1f} tok/s  accept {r['accept_len']:.2f}  spec/AR {r['speedup']:.2f}x"
         )
-    lines += [
+    return lines
+
+
+def _format_tree(rows: list[dict]) -> list[str]:
+    lines = [
         "",
-        "Tree build (8 depths): heapq reference vs vectorized",
-        f"  {'batch':>5} {'budget':>6} {'heap_ms':>9} {'vector_ms':>9} {'speedup':>8} same_trees",
+        f"Tree build (8 depths, top-R = budget, a new draft each time; {rows[0]['pairs']} alternating pairs): heapq vs vectorized",
+        f"  {'batch':>5} {'budget':>6} {'heap_ms':>9} {'vector_ms':>9} {'speedup [95% interval]':>24} same_trees",
     ]
-    for r in record["tree_build"]:
-        lines.append(
-            f"  {r['batch']:>5} {r['budget']:>6} {r['heap_ms']:>9.3f} {r['vectorized_ms']:>9.3f} {r['speedup']:>7.2f}x {r['same_trees']}"
-        )
-    lines += ["", "Verify mask (prepare_for_verify, 32 nodes): naive vs compact", f"  {'batch':>5} {'ctx':>6} {'naive_ms':>9} {'compact_ms':>10} {'speedup':>8}"]
-    for r in record["verify_mask"]:
+    for r in rows:
+        interval = f"{r['speedup']:.2f}x [{r['speedup_low']:.2f}, {r['speedup_high']:.2f}]"
+        lines.append(f"  {r['batch']:>5} {r['budget']:>6} {r['heap_ms']:>9.3f} {r['vectorized_ms']:>9.3f} {interval:>24} {r['same_trees']}")
+    return lines
+
+
+def _format_mask(rows: list[dict]) -> list[str]:
+    lines = ["", "Verify mask (prepare_for_verify, 32 nodes): naive vs compact", f"  {'batch':>5} {'ctx':>6} {'naive_ms':>9} {'compact_ms':>10} {'speedup':>8}"]
+    for r in rows:
         lines.append(f"  {r['batch']:>5} {r['ctx']:>6} {r['naive_ms']:>9.3f} {r['compact_ms']:>10.4f} {r['speedup']:>7.1f}x")
-    return "\n".join(lines)
+    return lines

@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--quick", action="store_true", help="fewer repeats and prompts")
     m.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     m.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    m.add_argument("--only", action="append", choices=("spec", "tree", "mask"), help="just these sections (repeatable; default: all)")
     m.add_argument("--json", action="store_true")
 
     sub.add_parser("train", help="train the shipped target and drafter (deterministic); see `train --help`", add_help=False)
@@ -92,7 +93,7 @@ def main(argv: list[str]) -> int:
         if args.command == "benchmarks":
             from perfkit.engine.benchmarks import format_benchmarks, run_benchmarks
 
-            record = run_benchmarks(quick=args.quick, device=args.device)
+            record = run_benchmarks(quick=args.quick, device=args.device, only=tuple(args.only or ("spec", "tree", "mask")))
             print(json.dumps(record, indent=1, sort_keys=True) if args.json else format_benchmarks(record))
             return 0
         raise AssertionError(f"unhandled command {args.command}")
