@@ -262,3 +262,12 @@ def test_vectorized_tree_equals_heap_on_large_random_budgets():
         lp = lp.topk(r, dim=-1).values
         n = int(torch.randint(16, min(sum(r**d for d in range(1, k + 1)), 400) + 1, (1,), generator=rng))
         _assert_same(build_tree_heap(lp, n), build_tree_vectorized(lp, n))
+
+
+def test_vectorized_tree_after_many_plans():
+    """More shapes than the plan cache holds: a new plan never inherits another's scratch."""
+    lp = _logprobs(2, 4, 40, seed=3)
+    for budget in range(1, 80):
+        _assert_same(build_tree_heap(lp, budget), build_tree_vectorized(lp, budget))
+    for budget in (5, 70, 5):
+        _assert_same(build_tree_heap(lp[:1], budget), build_tree_vectorized(lp[:1], budget))

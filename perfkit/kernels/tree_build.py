@@ -200,23 +200,26 @@ class _Plan:
         self.rank_tie = t(
             [[((d + 1) << _DEPTH_SHIFT) + r - ((1 << _TIE_BITS) if d else 0) for r in range(ranks)] for d in range(depth)]
         ).view(-1)
-        starts, depth_of_column = [0], []
-        self.lists = []  # per listed depth: (parent columns in shifted or None, rank columns, L_d, topk size, section start)
+        starts, depth_of_column, near_ranks = [0], [], []
+        self.lists = []  # per listed depth: (parent columns in shifted or None, its near keys' columns, L_d, topk size, section start)
         self.empty_slots = []  # the extra slot of a depth that has no node left out
         for d, (cands, near, listed) in enumerate(levels):
             ref = t([1 + starts[d - 1] + i for i, _ in cands]) if d else None
-            rank_index = t([d * ranks + r for _, r in cands])
             if not listed:
-                self.last = (ref, rank_index)
+                self.last = (ref, t([d * ranks + r for _, r in cands]))
                 break
             take = min(listed + 1, len(cands))
-            self.lists.append((None if ref is None else ref[:near], rank_index[:near], listed, take, starts[-1]))
+            span = (len(near_ranks), len(near_ranks) + near)
+            near_ranks += [d * ranks + r for _, r in cands[:near]] if d else []
+            self.lists.append((None if ref is None else ref[:near], span, listed, take, starts[-1]))
             if take == listed:
                 self.empty_slots.append(starts[-1] + listed)
             starts.append(starts[-1] + listed + 1)
             depth_of_column += [d] * (listed + 1)
+        self.near_ranks = t(near_ranks)  # rank columns of every listed depth's near candidates but depth 1's
         self.section = starts[-1]  # columns of the list sections
-        self.list_start = t(starts[:-1] or [0])
+        # depth (1-based) -> first column of the list one depth up (depth 1: any valid column)
+        self.parent_list_start = t([0, 0] + starts[: len(levels) - 1])
         self.depth_of_column = t(depth_of_column)
         self.leftover_column = t([s - 1 for s in starts[1:]])
         self.parent_tie = t([i * ranks for a, z in zip(starts, starts[1:]) for i in range(z - a)])
@@ -227,6 +230,7 @@ class _Plan:
         self.spill_pad = torch.tensor([[False] * len(c) + [True] * (w - len(c)) for c, _, _ in listed_levels], device=device)
         self.width = self.section + w + self.last[1].shape[0]
         self.nodes = torch.arange(budget, device=device)
+        self.ranks = ranks
 
 
 _plans: dict = {}
@@ -248,16 +252,15 @@ _TIE_MASK = (1 << _DEPTH_SHIFT) - 1
 
 
 def _scratch(plan: _Plan, b: int, k: int, r: int, device) -> list:
-    """pool, column -> tree index, list entry -> candidate, shifted, and the fixed-point scratch.
-    Kept per thread (and per plan and batch) on the CPU; fresh on other devices."""
-    shapes = ((b, plan.width), (b, plan.width), (b, plan.section), (b, 1 + plan.section))
+    """pool, column -> tree index, list entry -> candidate, shifted, near keys, and the fixed-point
+    scratch. Kept per thread (and per plan and batch) on the CPU; fresh on other devices."""
+    shapes = ((b, plan.width), (b, plan.width), (b, plan.section), (b, 1 + plan.section), (b, plan.near_ranks.numel()))
     if device.type == "cpu":
-        key = (id(plan), b)
         kept = getattr(_per_thread, "scratch", None)
-        if kept is not None and kept[0] == key:
-            return kept[1]
+        if kept is not None and kept[0] is plan and kept[1] == b:  # holding the plan keeps its identity
+            return kept[2]
         bufs = [torch.empty(s, dtype=torch.int64) for s in shapes] + [(torch.empty(b, k * r), torch.empty(b, k * r, dtype=torch.int64))]
-        _per_thread.scratch = (key, bufs)
+        _per_thread.scratch = (plan, b, bufs)
     else:
         bufs = [torch.empty(s, dtype=torch.int64, device=device) for s in shapes] + [None]
     if plan.lists and plan.lists[0][0] is None:  # depth 1's list is its first ranks, in order
@@ -273,18 +276,19 @@ def build_tree_vectorized(logprobs: torch.Tensor, budget: int) -> DraftTree:
     b, k, r = _check(logprobs, budget)
     dev = logprobs.device
     plan = _plan_on(budget, k, r, dev)
-    pool, tree_index, candidate, shifted, scratch = _scratch(plan, b, k, r, dev)
+    pool, tree_index, candidate, shifted, near, scratch = _scratch(plan, b, k, r, dev)
     terms = fixed_point(logprobs.reshape(b, k * r), scratch=scratch)
     terms.bitwise_left_shift_(_TIE_BITS).sub_(plan.rank_tie)  # a candidate's key less its parent's part
-    for ref, rank_index, listed, take, a in plan.lists:
+    torch.gather(terms, 1, plan.near_ranks.expand(b, -1), out=near)
+    for ref, (lo, hi), listed, take, a in plan.lists:
         if ref is None:  # depth 1
             pool[:, a : a + take] = terms[:, :take]
         else:
-            keys = terms.gather(1, rank_index.expand(b, -1)).add_(shifted.gather(1, ref.expand(b, -1)))
+            keys = near[:, lo:hi].add_(shifted.gather(1, ref.expand(b, -1)))
             torch.topk(keys, take, dim=1, out=(pool[:, a : a + take], candidate[:, a : a + take]))
-        # a key is (score << 24) - tie with 0 < tie < 2**24, so key >> 24 is score - 1
-        entries = pool[:, a : a + listed]
-        torch.sub((entries >> _TIE_BITS) << _TIE_BITS, plan.parent_tie[a : a + listed], out=shifted[:, 1 + a : 1 + a + listed])
+        # a key is (score << 24) - tie with 0 < tie < 2**24: clearing the tie leaves (score - 1) << 24
+        part = shifted[:, 1 + a : 1 + a + listed]
+        torch.bitwise_and(pool[:, a : a + listed], -(1 << _TIE_BITS), out=part).sub_(plan.parent_tie[a : a + listed])
     for column in plan.empty_slots:
         pool[:, column] = _MIN
     ref, rank_index = plan.last
@@ -305,20 +309,20 @@ def build_tree_vectorized(logprobs: torch.Tensor, budget: int) -> DraftTree:
         spilled = plan.depth_of_column == over[:, None]  # [B, section]
         pool[:, : plan.section].masked_fill_(spilled, _MIN)  # the spill has them
     top, column = torch.topk(pool, budget, dim=1)  # the tree's keys, in pop order
-    score = (top >> _TIE_BITS) + 1
-    tie = (score << _TIE_BITS) - top  # (depth << 18) + i * R + rank
+    tie = top.neg().bitwise_and_((1 << _TIE_BITS) - 1)  # (depth << 18) + i * R + rank
+    score = (top >> _TIE_BITS).add_(1)
     depths = tie >> _DEPTH_SHIFT
-    spot = tie & _TIE_MASK
-    position = spot // r  # of the parent, in the depth above
+    spot = tie.bitwise_and_(_TIE_MASK)
+    position = spot.div(r, rounding_mode="floor")  # of the parent, in the depth above
     if plan.section:
         # The parent is entry `position` of the list one depth up, or that entry's spill column.
-        entry = plan.list_start.take((depths - 2).clamp_(min=0)).add_(position)
-        parent_column = torch.where(spilled.gather(1, entry), plan.section + candidate.gather(1, entry), entry)
+        entry = plan.parent_list_start.take(depths).add_(position)
+        parent_column = torch.where(spilled.gather(1, entry), candidate.gather(1, entry).add_(plan.section), entry)
         tree_index.scatter_(1, column, plan.nodes.expand(b, budget))
-        parents = torch.where(depths > 1, tree_index.gather(1, parent_column), -1)
+        parents = tree_index.gather(1, parent_column).masked_fill_(depths == 1, -1)
     else:
         parents = torch.full_like(top, -1)
-    return DraftTree(ranks=spot - position * r, parents=parents, depths=depths, scores=score)
+    return DraftTree(ranks=spot.remainder_(r), parents=parents, depths=depths, scores=score)
 
 
 BUILDERS = {"heap": build_tree_heap, "vectorized": build_tree_vectorized}
