@@ -27,7 +27,7 @@ The vectorized builder computes the same order with a handful of batched selecti
 
 - Keys. Within a depth the heap's order is (-score, position of the parent in its depth, rank), so
   child r of the parent at position i of depth d - 1 gets the int64 key
-  ``(score << 24) - ((d << 18) + i * R + r)``: larger is earlier, no two nodes share a key, and the
+  ``(score << 24) - ((d << 18) + (i << b) + r)``, 2**b >= R: larger is earlier, no two nodes share a key, and the
   key alone gives back score, depth, parent position and rank. The tree is the N largest keys.
 - Candidates. A node can only be in the tree if the tree has room for what must precede it: child
   (i, r) comes after every (i', r') with i' <= i, r' <= r, their i + 1 parents and d - 2 more
@@ -90,15 +90,20 @@ def _check(logprobs: torch.Tensor, budget: int) -> tuple[int, int, int]:
             break
     if reachable < budget:
         raise UserError(f"budget {budget} exceeds the {reachable} nodes a depth-{k}, top-{r} tree can hold")
-    if (budget // 2 + 1) * r >= 1 << _DEPTH_SHIFT or k >= 1 << (_TIE_BITS - _DEPTH_SHIFT):
+    if (budget // 2 + 1) << _rank_bits(r) >= 1 << _DEPTH_SHIFT or k >= 1 << (_TIE_BITS - _DEPTH_SHIFT):
         raise UserError(f"budget {budget} at depth {k}, top-{r} is too large for the tie-break bits of the tree keys")
     return b, k, r
 
 
 FIXED_POINT_BITS = 20  # log-probs in units of 2**-20 nats
 LOGPROB_FLOOR = -1024.0  # -inf and anything below is clamped here
-_TIE_BITS = 24  # a selection key is score << 24 minus a tie-break (depth << 18) + i * R + r
+_TIE_BITS = 24  # a selection key is score << 24 minus a tie-break (depth << 18) + (i << b) + r
 _DEPTH_SHIFT = 18
+
+
+def _rank_bits(ranks: int) -> int:
+    """b with 2**b >= R: a parent position i is shifted by b in the tie-break, so both decode with bit operations."""
+    return max(1, (ranks - 1).bit_length())
 
 
 def fixed_point(logprobs: torch.Tensor, *, scratch: tuple | None = None) -> torch.Tensor:
@@ -188,7 +193,7 @@ class _Plan:
     The pool, the keys that the final selection looks at, has one section per listed depth (its
     list and one slot for its best node left out), then the spill (every candidate of one depth,
     padded to the widest), then the last depth's candidates. ``shifted`` holds, per list entry,
-    its (score - 1) << 24 minus its tie-break as a parent, i * R; column 0 is 0 for depth 1.
+    its (score - 1) << 24 minus its tie-break as a parent, i << b; column 0 is 0 for depth 1.
     A candidate's key is its rank term (``terms``) plus its parent's ``shifted`` entry.
     """
 
@@ -222,7 +227,8 @@ class _Plan:
         self.parent_list_start = t([0, 0] + starts[: len(levels) - 1])
         self.depth_of_column = t(depth_of_column)
         self.leftover_column = t([s - 1 for s in starts[1:]])
-        self.parent_tie = t([i * ranks for a, z in zip(starts, starts[1:]) for i in range(z - a)])
+        self.rank_bits = _rank_bits(ranks)
+        self.parent_tie = t([i << self.rank_bits for a, z in zip(starts, starts[1:]) for i in range(z - a)])
         listed_levels = levels[: len(self.lists)]
         self.widest = w = max((len(c) for c, _, _ in listed_levels), default=0)
         self.spill_ref = t([[1 + starts[d - 1] + i if d else 0 for i, _ in c] + [0] * (w - len(c)) for d, (c, _, _) in enumerate(listed_levels)])
@@ -309,11 +315,11 @@ def build_tree_vectorized(logprobs: torch.Tensor, budget: int) -> DraftTree:
         spilled = plan.depth_of_column == over[:, None]  # [B, section]
         pool[:, : plan.section].masked_fill_(spilled, _MIN)  # the spill has them
     top, column = torch.topk(pool, budget, dim=1)  # the tree's keys, in pop order
-    tie = top.neg().bitwise_and_((1 << _TIE_BITS) - 1)  # (depth << 18) + i * R + rank
+    tie = top.neg().bitwise_and_((1 << _TIE_BITS) - 1)  # (depth << 18) + (i << b) + rank
     score = (top >> _TIE_BITS).add_(1)
     depths = tie >> _DEPTH_SHIFT
     spot = tie.bitwise_and_(_TIE_MASK)
-    position = spot.div(r, rounding_mode="floor")  # of the parent, in the depth above
+    position = spot >> plan.rank_bits  # of the parent, in the depth above
     if plan.section:
         # The parent is entry `position` of the list one depth up, or that entry's spill column.
         entry = plan.parent_list_start.take(depths).add_(position)
@@ -322,7 +328,7 @@ def build_tree_vectorized(logprobs: torch.Tensor, budget: int) -> DraftTree:
         parents = tree_index.gather(1, parent_column).masked_fill_(depths == 1, -1)
     else:
         parents = torch.full_like(top, -1)
-    return DraftTree(ranks=spot.remainder_(r), parents=parents, depths=depths, scores=score)
+    return DraftTree(ranks=spot.bitwise_and_((1 << plan.rank_bits) - 1), parents=parents, depths=depths, scores=score)
 
 
 BUILDERS = {"heap": build_tree_heap, "vectorized": build_tree_vectorized}
