@@ -261,25 +261,48 @@ _MIN = torch.iinfo(torch.int64).min  # below every key: an empty slot
 _TIE_MASK = (1 << _DEPTH_SHIFT) - 1
 
 
-def _scratch(plan: _Plan, b: int, k: int, r: int, device) -> list:
-    """pool, column -> tree index, list entry -> candidate, shifted, near keys, and the fixed-point
-    scratch. Kept per thread (and per plan and batch) on the CPU; fresh on other devices."""
-    near = plan.near_ranks.numel()
-    shapes = ((b, plan.width), (b, plan.width), (b, plan.section), (b, 1 + plan.section), (b, near))
-    if device.type == "cpu":
-        kept = getattr(_per_thread, "scratch", None)
-        if kept is not None and kept[0] is plan and kept[1] == b:  # holding the plan keeps its identity
-            return kept[2]
-        fixed = (torch.empty(b, k * r), torch.empty(b, k * r, dtype=torch.int64))
-        bufs = [torch.empty(s, dtype=torch.int64) for s in shapes] + [fixed]
-        _per_thread.scratch = (plan, b, bufs)
-    else:
-        bufs = [torch.empty(s, dtype=torch.int64, device=device) for s in shapes] + [None]
-    if plan.lists and plan.lists[0][0] is None:  # depth 1's list is its first ranks, in order
-        take = plan.lists[0][3]
-        bufs[2][:, :take] = torch.arange(take, device=device)
-    bufs[3][:, 0] = 0
-    return bufs
+class _Workspace:
+    """The buffers of one build and the views of them each step works on.
+
+    pool: the keys of the final selection; tree_index: pool column -> tree index; candidate: list
+    entry -> its candidate index in its depth; shifted: per list entry, its parent part (column 0
+    is 0 for depth 1); near: every listed depth's near candidates' rank terms (its keys once the
+    parent parts are added); fixed: scratch for the fixed-point log-probs (CPU only).
+    """
+
+    def __init__(self, plan: _Plan, b: int, k: int, r: int, device):
+        new = functools.partial(torch.empty, dtype=torch.int64, device=device)
+        self.pool, self.tree_index = new(b, plan.width), new(b, plan.width)
+        self.candidate, self.shifted = new(b, plan.section), new(b, 1 + plan.section)
+        self.near = new(b, plan.near_ranks.numel())
+        self.fixed = (torch.empty(b, k * r), new(b, k * r)) if device.type == "cpu" else None
+        self.shifted[:, 0] = 0
+        self.near_index = plan.near_ranks.expand(b, -1)
+        self.levels = []  # per listed depth: parent columns, near keys, list values and candidates, parent part
+        for ref, (lo, hi), listed, take, a in plan.lists:
+            if ref is None:  # depth 1: its list is its first ranks, in order
+                self.candidate[:, :take] = torch.arange(take, device=device)
+            self.levels.append((
+                None if ref is None else ref.expand(b, -1), self.near[:, lo:hi],
+                self.pool[:, a : a + take], self.candidate[:, a : a + take],
+                self.pool[:, a : a + listed], self.shifted[:, 1 + a : 1 + a + listed], plan.parent_tie[a : a + listed],
+            ))
+        ref, rank_index = plan.last
+        self.last = (None if ref is None else ref.expand(b, -1), rank_index.expand(b, -1), self.pool[:, plan.width - rank_index.shape[0] :])
+        self.lists = self.pool[:, : plan.section]
+        self.spill = self.pool[:, plan.section : plan.section + plan.widest]
+        self.nodes = plan.nodes.expand(b, -1)
+
+
+def _workspace(plan: _Plan, b: int, k: int, r: int, device) -> _Workspace:
+    """Kept per thread (for one plan and batch size) on the CPU, where fresh buffers of this size
+    page-fault on every call; new on other devices."""
+    if device.type != "cpu":
+        return _Workspace(plan, b, k, r, device)
+    kept = getattr(_per_thread, "workspace", None)
+    if kept is None or kept[0] is not plan or kept[1] != b:  # holding the plan keeps its identity
+        kept = _per_thread.workspace = (plan, b, _Workspace(plan, b, k, r, device))
+    return kept[2]
 
 
 def build_tree_vectorized(logprobs: torch.Tensor, budget: int) -> DraftTree:
@@ -289,38 +312,36 @@ def build_tree_vectorized(logprobs: torch.Tensor, budget: int) -> DraftTree:
     b, k, r = _check(logprobs, budget)
     dev = logprobs.device
     plan = _plan_on(budget, k, r, dev)
-    pool, tree_index, candidate, shifted, near, scratch = _scratch(plan, b, k, r, dev)
-    terms = fixed_point(logprobs.reshape(b, k * r), scratch=scratch)
+    ws = _workspace(plan, b, k, r, dev)
+    terms = fixed_point(logprobs.reshape(b, k * r), scratch=ws.fixed)
     terms.bitwise_left_shift_(_TIE_BITS).sub_(plan.rank_tie)  # a candidate's key less its parent's part
-    torch.gather(terms, 1, plan.near_ranks.expand(b, -1), out=near)
-    for ref, (lo, hi), listed, take, a in plan.lists:
+    torch.gather(terms, 1, ws.near_index, out=ws.near)
+    for ref, keys, values, candidates, entries, part, parent_tie in ws.levels:
         if ref is None:  # depth 1
-            pool[:, a : a + take] = terms[:, :take]
+            values.copy_(terms[:, : values.shape[1]])
         else:
-            keys = near[:, lo:hi].add_(shifted.gather(1, ref.expand(b, -1)))
-            torch.topk(keys, take, dim=1, out=(pool[:, a : a + take], candidate[:, a : a + take]))
+            keys.add_(ws.shifted.gather(1, ref))
+            torch.topk(keys, values.shape[1], dim=1, out=(values, candidates))
         # a key is (score << 24) - tie with 0 < tie < 2**24: clearing the tie leaves (score - 1) << 24
-        part = shifted[:, 1 + a : 1 + a + listed]
-        torch.bitwise_and(pool[:, a : a + listed], -(1 << _TIE_BITS), out=part).sub_(plan.parent_tie[a : a + listed])
+        torch.bitwise_and(entries, -(1 << _TIE_BITS), out=part).sub_(parent_tie)
+    pool = ws.pool
     for column in plan.empty_slots:
         pool[:, column] = _MIN
-    ref, rank_index = plan.last
-    last = pool[:, plan.width - rank_index.shape[0] :]
-    torch.gather(terms, 1, rank_index.expand(b, -1), out=last)
+    ref, rank_index, last = ws.last
+    torch.gather(terms, 1, rank_index, out=last)
     if ref is not None:
-        last.add_(shifted.gather(1, ref.expand(b, -1)))
+        last.add_(ws.shifted.gather(1, ref))
     if plan.section:
         # The one depth that may hold more tree nodes than its list: its best left-out node is best.
         over = pool.index_select(1, plan.leftover_column).argmax(1)  # [B]
-        spill = pool[:, plan.section : plan.section + plan.widest]
         torch.add(
             terms.gather(1, plan.spill_rank.index_select(0, over)),
-            shifted.gather(1, plan.spill_ref.index_select(0, over)),
-            out=spill,
+            ws.shifted.gather(1, plan.spill_ref.index_select(0, over)),
+            out=ws.spill,
         )
-        spill.masked_fill_(plan.spill_pad.index_select(0, over), _MIN)
+        ws.spill.masked_fill_(plan.spill_pad.index_select(0, over), _MIN)
         spilled = plan.depth_of_column == over[:, None]  # [B, section]
-        pool[:, : plan.section].masked_fill_(spilled, _MIN)  # the spill has them
+        ws.lists.masked_fill_(spilled, _MIN)  # the spill has them
     top, column = torch.topk(pool, budget, dim=1)  # the tree's keys, in pop order
     tie = top.neg().bitwise_and_((1 << _TIE_BITS) - 1)  # (depth << 18) + (i << b) + rank
     score = (top >> _TIE_BITS).add_(1)
@@ -330,9 +351,9 @@ def build_tree_vectorized(logprobs: torch.Tensor, budget: int) -> DraftTree:
     if plan.section:
         # The parent is entry `position` of the list one depth up, or that entry's spill column.
         entry = plan.parent_list_start.take(depths).add_(position)
-        parent_column = torch.where(spilled.gather(1, entry), candidate.gather(1, entry).add_(plan.section), entry)
-        tree_index.scatter_(1, column, plan.nodes.expand(b, budget))
-        parents = tree_index.gather(1, parent_column).masked_fill_(depths == 1, -1)
+        parent_column = torch.where(spilled.gather(1, entry), ws.candidate.gather(1, entry).add_(plan.section), entry)
+        ws.tree_index.scatter_(1, column, ws.nodes)
+        parents = ws.tree_index.gather(1, parent_column).masked_fill_(depths == 1, -1)
     else:
         parents = torch.full_like(top, -1)
     return DraftTree(ranks=spot.bitwise_and_((1 << plan.rank_bits) - 1), parents=parents, depths=depths, scores=score)
