@@ -195,3 +195,16 @@ def test_shipped_weights_accept_several_tokens_losslessly():
                 assert spec.tokens == ar.tokens, (budget, tree, mask)
                 assert spec.mean_accept_length > 1.3
                 assert max(spec.accept_lengths) > 2
+
+
+def test_fast_requests_keep_stepping_within_the_cache():
+    """A batch steps until its slowest request has max_new_tokens; a request that accepts whole
+    blocks meanwhile commits up to block + 1 tokens a step, and the cache must hold them."""
+    from perfkit.engine import data
+
+    engine = load_engine("shipped")
+    prompts = data.sample_prompts(8, 256)  # held-out text: some requests run far ahead of others
+    ar = engine.generate(prompts, max_new_tokens=8, context=512, mode="ar")
+    spec = engine.generate(prompts, max_new_tokens=8, context=512, mode="spec", budget=32)
+    assert spec.tokens == ar.tokens
+    assert spec.steps > 1

@@ -141,8 +141,10 @@ class Engine:
         b = len(prefixes)
         lens = [len(p) for p in prefixes]
         k = self.drafter.config.block
-        extra = (k + 1 + budget + 1) if mode == "spec" else 1
-        cache = KVCache(self.target.config, batch=b, capacity=max(lens) + max_new_tokens + extra + 1, device=self.device, dtype=self.dtype)
+        # The batch steps until its slowest request has max_new_tokens; meanwhile a fast one commits
+        # up to k + 1 tokens a step (at most max_new_tokens steps), and a step writes its whole tree.
+        growth = (k + 1) * max_new_tokens + k + 1 + budget + 1 if mode == "spec" else max_new_tokens + 1
+        cache = KVCache(self.target.config, batch=b, capacity=max(lens) + growth + 1, device=self.device, dtype=self.dtype)
 
         t0 = time.perf_counter()
         fill_cache = self._approx_fill if fill == "approx" else self._prefill
