@@ -4,8 +4,9 @@ It takes the NVML snapshot and the measured device bandwidth, times a few kernel
 (CUDA events; host clock without synchronisation, which only sees the launch; host clock with a
 synchronisation per call, which adds the launch-queue drain to every call), checks that perfkit
 spans time with CUDA events and appear as NVTX ranges (what `nsys profile` shows), that
-torch.profiler records device kernels, and runs the bundled engine on CUDA with profiling on. It
-writes ``report.md`` and ``report.json``.
+torch.profiler records device kernels, times the vectorized draft-tree build on the GPU against
+the per-request heapq (which pays the copy to the host), and runs the bundled engine on CUDA with
+profiling on. It writes ``report.md`` and ``report.json``.
 
 Without a CUDA device nothing can be checked: it says why in one line and exits 2 (a UserError),
 writing no report, so a script never mistakes "nothing measured" for "checked and fine". A section
@@ -178,6 +179,14 @@ def nvtx_check(cuda, *, work=None) -> dict:
 # --- torch.profiler on CUDA ------------------------------------------------------------------------
 
 
+def tree_build_check(device: str = "cuda") -> list[dict]:
+    """``perfkit engine benchmarks --only tree --quick`` on the device: identical trees, and the
+    vectorized build against the heapq one including its device-to-host copy."""
+    from perfkit.engine.benchmarks import tree_build_figures
+
+    return tree_build_figures(quick=True, device=device)
+
+
 def profiler_check(torch, out_dir: Path) -> dict:
     from perfkit import profiler
 
@@ -296,6 +305,12 @@ def findings(report: dict) -> list[str]:
     nv = report.get("nvtx", {}).get("value")
     if nv:
         out.append(nv["note"])
+    for r in report.get("tree_build", {}).get("value", []) or []:
+        if (r["batch"], r["budget"]) in ((1, 64), (128, 64)):
+            same = "identical trees" if r["same_trees"] else "DIFFERENT TREES"
+            out.append(f"tree build, batch {r['batch']}, budget {r['budget']}: vectorized {r['vectorized_ms']:.4g} ms vs "
+                       f"heapq {r['heap_ms']:.4g} ms with its copy to the host: {r['speedup']:.3g}x "
+                       f"[{r['speedup_low']:.3g}, {r['speedup_high']:.3g}], {same}")
     for e in report.get("engine", {}).get("value", []) or []:
         out.append(
             f"engine {e['mode']} at {e['context']} context: {e['decode_tok_s']:.4g} tok/s; spans' steps sum to "
@@ -333,7 +348,7 @@ def render_markdown(report: dict) -> str:
             lines.append(f"| {k['kernel']} | {_fmt(k['events_ms'])} | {_fmt(k['wall_nosync_ms'])} | "
                          f"{_fmt(k['wall_sync_ms'])} | {_fmt(k['tflops'])} | {_fmt(k['gbps'])} |")
         lines.append("")
-    for name in ("bandwidth", "spans", "nvtx", "profiler", "engine"):
+    for name in ("bandwidth", "spans", "nvtx", "profiler", "tree_build", "engine"):
         sec = report.get(name)
         if sec is None:
             continue
@@ -397,6 +412,7 @@ def run(out_dir: Path, *, refresh_bandwidth: bool = False, engine: bool = True) 
     _section(report, "spans", lambda: span_check(torch), deadline)
     _section(report, "nvtx", lambda: nvtx_check(torch.cuda), deadline)
     _section(report, "profiler", lambda: profiler_check(torch, out_dir), deadline)
+    _section(report, "tree_build", tree_build_check, deadline)
     if engine:
         _section(report, "engine", lambda: engine_check(torch), deadline)
     report["meta"]["seconds"] = round(time.perf_counter() - started, 1)
@@ -410,6 +426,8 @@ def failed_sections(report: dict) -> list[str]:
     for name in ("nvtx", "profiler"):
         if report.get(name, {}).get("value", {}).get("ok") is False:
             bad.append(name)
+    if any(not r["same_trees"] for r in report.get("tree_build", {}).get("value", None) or []):
+        bad.append("tree_build")
     return bad
 
 

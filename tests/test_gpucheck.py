@@ -152,6 +152,12 @@ def _report():
         "spans": {"value": {"span_mean_ms": 1.52, "events_ms": 1.5, "wall_nosync_ms": 0.02, "span_vs_events": 1.013}},
         "nvtx": {"value": {"ok": True, "note": "spans emit NVTX ranges: ..."}},
         "profiler": {"error": "RuntimeError: boom", "traceback": "Traceback ...\nRuntimeError: boom"},
+        "tree_build": {"value": [
+            {"batch": 1, "budget": 64, "heap_ms": 0.2, "vectorized_ms": 0.4, "speedup": 0.5, "speedup_low": 0.45,
+             "speedup_high": 0.55, "same_trees": True},
+            {"batch": 128, "budget": 64, "heap_ms": 9.0, "vectorized_ms": 0.45, "speedup": 20.0, "speedup_low": 18.0,
+             "speedup_high": 22.0, "same_trees": True},
+        ]},
         "engine": {"value": [{"mode": "spec", "context": 4096, "decode_tok_s": 250.0, "spans_step_total_s": 0.25,
                                "wall_s_synchronised": 0.26, "verify_forward_ms": 0.5, "verify_floor_ms": 0.01,
                                "verify_floor_note": "memory-bound floor ..."}]},
@@ -171,9 +177,14 @@ def test_findings_and_markdown_from_a_report():
     assert "- GPU 0: NVIDIA H200, driver 550.54.15, 150 GiB, peak DRAM 4.8 TB/s" in md
     assert "| matmul 8192^2 bf16 | 1.5 | 0.02 | 1.55 | 733 | 268 |" in md
     assert "FAILED: RuntimeError: boom" in md
+    assert ("tree build, batch 128, budget 64: vectorized 0.45 ms vs heapq 9 ms with its copy to the host: 20x "
+            "[18, 22], identical trees") in said
     assert gpucheck.failed_sections(report) == ["profiler"]
     report["nvtx"]["value"]["ok"] = False
     assert gpucheck.failed_sections(report) == ["profiler", "nvtx"]
+    report["tree_build"]["value"][0]["same_trees"] = False
+    assert gpucheck.failed_sections(report) == ["profiler", "nvtx", "tree_build"]
+    assert any("batch 1, budget 64" in s and s.endswith("DIFFERENT TREES") for s in gpucheck.findings(report))
 
 
 def test_spans_that_disagree_with_events_are_called_out():
@@ -237,6 +248,7 @@ def test_run_writes_the_report_and_a_failed_section_fails_the_command(tmp_path, 
                                                            "wall_nosync_ms": 0.02, "span_vs_events": 1.0})
     monkeypatch.setattr(gpucheck, "nvtx_check", lambda cuda: {"ok": True, "note": "spans emit NVTX ranges"})
     monkeypatch.setattr(gpucheck, "profiler_check", lambda t, out: {"ok": True})
+    monkeypatch.setattr(gpucheck, "tree_build_check", lambda: [])
 
     def broken_engine(t):
         raise RuntimeError("CUDA error: out of memory")
@@ -255,3 +267,10 @@ def test_run_writes_the_report_and_a_failed_section_fails_the_command(tmp_path, 
 
     monkeypatch.setattr(gpucheck, "engine_check", lambda t: [])
     assert gpucheck.main(["--out", str(tmp_path / "again")]) == 0
+
+
+def test_tree_build_check_is_the_tree_benchmark_on_a_device():
+    rows = gpucheck.tree_build_check(device="cpu")
+    assert {(r["batch"], r["budget"]) for r in rows} >= {(1, 64), (128, 64)}
+    assert all(r["same_trees"] for r in rows)
+    assert len([s for s in gpucheck.findings({"tree_build": {"value": rows}}) if s.startswith("tree build")]) == 2
