@@ -149,7 +149,7 @@ def run_benchmarks(*, quick: bool = False, device: str = "cpu", only: tuple = tu
     import torch
 
     record = {"format": "perfkit-engine-benchmarks", "version": 2, "quick": quick, "device": device, "threads": torch.get_num_threads()}
-    for name in only:
+    for name in dict.fromkeys(only):
         key, figures = SECTIONS[name]
         record[key] = figures(quick=quick, device=device)
     return record
@@ -184,6 +184,7 @@ def _format_tree(rows: list[dict]) -> list[str]:
     lines = [
         "",
         f"Tree build (8 depths, top-R = budget, a new draft each time; {rows[0]['pairs']} alternating pairs): heapq vs vectorized",
+        "  (median ms per build; speedup = ratio of the mean times, 95% interval)",
         f"  {'batch':>5} {'budget':>6} {'heap_ms':>9} {'vector_ms':>9} {'speedup [95% interval]':>24} same_trees",
     ]
     for r in rows:
