@@ -1,5 +1,5 @@
-"""The engine: greedy speculative decoding is token-identical to greedy autoregressive decoding,
-phases are instrumented, MoE expert counting, fills, dtypes and errors."""
+"""The engine: speculative decoding is token-identical to autoregressive decoding (greedy, and
+sampled with the same seed), phases are instrumented, MoE expert counting, fills, dtypes and errors."""
 
 import pytest
 import torch
@@ -39,6 +39,29 @@ def test_spec_is_lossless_over_every_option(tiny, batch):
                 spec = tiny.generate(prompts, max_new_tokens=20, mode="spec", budget=budget, tree=tree, mask=mask)
                 assert spec.tokens == ar.tokens, (budget, tree, mask)
                 assert spec.steps == len(spec.accept_lengths) <= ar.steps
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_sampled_spec_is_lossless_over_every_option(tiny, batch):
+    """Sampling at temperature 1 with a seed: spec emits exactly the AR tokens of that seed."""
+    prompts = PROMPTS[:batch]
+    ar = tiny.generate(prompts, max_new_tokens=20, mode="ar", temperature=1.0, seed=11)
+    assert ar.tokens != tiny.generate(prompts, max_new_tokens=20, mode="ar").tokens  # it does sample
+    for budget in (1, 4, 23):
+        for tree in ("heap", "vectorized"):
+            for mask in ("naive", "compact"):
+                spec = tiny.generate(prompts, max_new_tokens=20, mode="spec", budget=budget, tree=tree, mask=mask,
+                                     temperature=1.0, seed=11)
+                assert spec.tokens == ar.tokens, (budget, tree, mask)
+
+
+def test_seeds_and_temperature(tiny):
+    run = lambda **kw: tiny.generate(PROMPTS[:2], max_new_tokens=16, mode="ar", **kw)  # noqa: E731
+    assert run(temperature=0.7, seed=1).tokens == run(temperature=0.7, seed=1).tokens
+    assert run(temperature=0.7, seed=1).tokens != run(temperature=0.7, seed=2).tokens
+    assert run(temperature=0.0, seed=1).tokens == run(temperature=0.0, seed=2).tokens == run().tokens
+    result = run(temperature=0.7, seed=3)
+    assert (result.temperature, result.seed) == (0.7, 3)
 
 
 def test_moe_spec_is_lossless_and_counts_experts(moe):
@@ -151,6 +174,9 @@ def test_bf16_runs_on_cpu():
         {"max_new_tokens": 0},
         {"fill": "magic"},
         {"context": -1},
+        {"temperature": -0.5},
+        {"temperature": float("inf")},
+        {"seed": "7"},
     ],
 )
 def test_bad_arguments_are_user_errors(tiny, kwargs):
@@ -195,6 +221,19 @@ def test_shipped_weights_accept_several_tokens_losslessly():
                 assert spec.tokens == ar.tokens, (budget, tree, mask)
                 assert spec.mean_accept_length > 1.3
                 assert max(spec.accept_lengths) > 2
+
+
+def test_shipped_weights_sample_losslessly():
+    """At temperature 0.8 the trained drafter still gets tokens accepted, and spec equals AR."""
+    from perfkit.engine import data
+
+    engine = load_engine("shipped")
+    prompts = [p[: 60 + 17 * i] for i, p in enumerate(data.sample_prompts(3, 120))]
+    ar = engine.generate(prompts, max_new_tokens=32, mode="ar", temperature=0.8, seed=5)
+    for tree in ("heap", "vectorized"):
+        spec = engine.generate(prompts, max_new_tokens=32, mode="spec", budget=16, tree=tree, temperature=0.8, seed=5)
+        assert spec.tokens == ar.tokens, tree
+        assert spec.mean_accept_length > 1.3
 
 
 def test_fast_requests_keep_stepping_within_the_cache():

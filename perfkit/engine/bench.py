@@ -31,6 +31,8 @@ class BenchConfig:
     dtype: str = "fp32"
     preset: str = "shipped"
     fill: str = "auto"  # auto | prefill | approx
+    temperature: float = 0.0  # 0: greedy; above: seeded sampling (spec and AR give the same tokens)
+    seed: int = 0
     prompt: int = 256  # prompt bytes before padding to ctx
 
 
@@ -46,7 +48,7 @@ def run_bench(cfg: BenchConfig, *, engine=None) -> dict:
         engine = load_engine(cfg.preset, device=cfg.device, dtype=cfg.dtype)
     fill = cfg.fill if cfg.fill != "auto" else ("approx" if cfg.ctx >= APPROX_FROM else "prefill")
     prompts = data.sample_prompts(cfg.batch, min(cfg.prompt, cfg.ctx))
-    options = dict(mode=cfg.mode, budget=cfg.budget, tree=cfg.tree, mask=cfg.mask)
+    options = dict(mode=cfg.mode, budget=cfg.budget, tree=cfg.tree, mask=cfg.mask, temperature=cfg.temperature, seed=cfg.seed)
     # Warm-up: small context, few tokens; allocator, thread pools and lazy tables get built.
     engine.generate(prompts, max_new_tokens=min(cfg.gen, 8), context=min(cfg.ctx, 512), fill=fill if cfg.ctx >= 512 else "prefill", **options)
     with capture() as cap:
@@ -101,7 +103,8 @@ def format_bench(record: dict) -> str:
     )
     lines = [
         f"engine {e['preset']} on {e['device']} {e['dtype']} ({e['threads']} threads): mode={c['mode']} batch={c['batch']}"
-        + (f" budget={c['budget']} tree={c['tree']} mask={c['mask']}" if c["mode"] == "spec" else ""),
+        + (f" budget={c['budget']} tree={c['tree']} mask={c['mask']}" if c["mode"] == "spec" else "")
+        + (f" temperature={c['temperature']:g} seed={c['seed']}" if c.get("temperature") else " greedy"),
         fill_note,
         f"{'ctx_req':>8} {'prompt_tok':>10} {'TTFT_s':>8} {'prefill_tok/s':>13} {'decode_tok/s':>12} {'gen_tok':>7} {'decode_wall':>11} {'accept_len':>10}",
         f"{r['ctx_req']:>8} {r['prompt_tok']:>10} {r['ttft_s']:>8.3f} {r['prefill_tok_s']:>13.1f} {r['decode_tok_s']:>12.1f} "

@@ -9,7 +9,8 @@ last emitted token of each request, not yet in the cache) are known:
                         its ancestor (visibility) block
     prepare_for_verify  verify mask (naive or compact), block tokens, positions, slots
     verify_forward      target forward over root + nodes; node K/V land in slots L_b + j
-    accept              walk the tree along the target's argmax; bonus token; one host copy
+    accept              walk the tree along the target's choices (argmax, or seeded samples:
+                        perfkit.engine.sampling); bonus token; one host copy
     kv_commit           move the accepted K/V to slots L_b + 1 .. L_b + accepted; bump L_b;
                         slide the drafter's window over the committed entries
 
@@ -28,6 +29,7 @@ import torch
 
 from perfkit.engine import data
 from perfkit.engine.drafter import BlockDrafter
+from perfkit.engine.sampling import choose
 from perfkit.engine.model import KVCache, Transformer
 from perfkit.errors import UserError
 from perfkit.kernels import tree_build, verify_mask
@@ -72,6 +74,8 @@ class GenerateResult:
     tree: str = ""
     mask: str = ""
     context: int | None = None
+    temperature: float = 0.0
+    seed: int = 0
 
     @property
     def mean_accept_length(self) -> float:
@@ -125,8 +129,11 @@ class Engine:
         mask: str = "compact",
         context: int | None = None,
         fill: str = "prefill",
+        temperature: float = 0.0,
+        seed: int = 0,
     ) -> GenerateResult:
-        """Greedy generation of ``max_new_tokens`` per prompt.
+        """Generation of ``max_new_tokens`` per prompt: greedy at ``temperature`` 0, else sampled
+        with noise keyed on (``seed``, request, position), so spec and AR give the same tokens.
 
         mode "spec" (draft tree of ``budget`` nodes, built by ``tree``, verified under a ``mask``
         mask) or "ar" (one token per step). ``context``: make every request's cached prefix
@@ -138,6 +145,10 @@ class Engine:
         """
         prefixes = self._prefixes(prompts, context)
         self._check(prefixes, max_new_tokens, mode, budget, tree, mask, fill)
+        if not isinstance(temperature, (int, float)) or not 0 <= temperature < float("inf"):
+            raise UserError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        if not isinstance(seed, int):
+            raise UserError(f"seed must be an int, got {seed!r}")
         b = len(prefixes)
         lens = [len(p) for p in prefixes]
         k = self.drafter.config.block
@@ -148,10 +159,11 @@ class Engine:
 
         t0 = time.perf_counter()
         fill_cache = self._approx_fill if fill == "approx" else self._prefill
-        st = _State(cache=cache, lens=list(lens), lens_t=torch.tensor(lens, device=self.device), out=[[] for _ in prefixes])
+        st = _State(cache=cache, lens=list(lens), lens_t=torch.tensor(lens, device=self.device), out=[[] for _ in prefixes],
+                    temperature=float(temperature), seed=seed)
         st.win_hidden = fill_cache(prefixes, cache)  # [B, W, D], hidden states of the last W positions
         st.win_tokens = self._window_tokens(prefixes)
-        st.root = self.target.head(st.win_hidden[:, -1]).argmax(-1)  # [B] first generated token
+        st.root = st.choose(self.target.head(st.win_hidden[:, -1]), st.lens_t)  # [B] first generated token
         for o, t in zip(st.out, st.root.tolist()):
             o.append(t)
         t1 = time.perf_counter()
@@ -178,6 +190,8 @@ class Engine:
             tree=tree if mode == "spec" else "",
             mask=mask if mode == "spec" else "",
             context=context,
+            temperature=float(temperature),
+            seed=seed,
         )
 
     # --- argument handling ---------------------------------------------------------------------
@@ -321,7 +335,7 @@ class Engine:
                 h = self.target.forward(
                     block_tokens, st.cache, positions=positions, slots=slots, mask=vm, kv_len=max(st.lens) + q, uniform_start=uniform
                 )  # [B, Q, D]
-                pred = self.target.head(h).argmax(-1)  # [B, Q] target's next token after each entry
+                pred = st.choose(self.target.head(h), positions + 1)  # [B, Q] target's next token after each entry
                 moe = self.target.experts_touched()
             with span("accept"):
                 # A node matches when its token is the target's prediction at its parent; it is
@@ -368,7 +382,7 @@ class Engine:
                     st.root[:, None], st.cache, positions=pos, slots=pos, mask=verify_mask.causal_mask(st.lens_t, 1),
                     kv_len=max(st.lens) + 1, uniform_start=uniform,
                 )
-                nxt = self.target.head(h[:, 0]).argmax(-1)  # [B]
+                nxt = st.choose(self.target.head(h[:, 0]), st.lens_t + 1)  # [B]
                 moe = self.target.experts_touched()
             with span("accept"):
                 emitted = nxt[:, None] if moe is None else torch.cat([nxt[:, None], moe.expand(b)[:, None]], 1)
@@ -397,3 +411,9 @@ class _State:
     win_hidden: torch.Tensor | None = None  # [B, W, D] target hidden states at those positions
     accept_lengths: list[float] = field(default_factory=list)
     touched: list[int] = field(default_factory=list)
+    temperature: float = 0.0
+    seed: int = 0
+
+    def choose(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The target's token for each position (``perfkit.engine.sampling.choose``)."""
+        return choose(logits, positions, temperature=self.temperature, seed=self.seed)
