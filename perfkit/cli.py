@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import shlex
 import sys
 
@@ -146,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         plain = isinstance(exc, (RecordError, ValidationFailed))
         print(str(exc) if plain else f"perfkit: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `perfkit ... | head`: the reader left; stop quietly, as a shell tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141  # 128 + SIGPIPE
 
 
 if __name__ == "__main__":

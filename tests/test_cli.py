@@ -64,3 +64,15 @@ def test_import_perfkit_is_cheap_and_public_names_resolve():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    """`perfkit ... | head`: a closed pipe is exit status 141 and no traceback."""
+    import subprocess
+
+    code = "import sys; from perfkit.cli import main; sys.exit(main(['env', '--no-bandwidth']))"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the command prints anything
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err
