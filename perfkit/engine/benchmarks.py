@@ -22,17 +22,22 @@ def _median_s(fn, *, quick: bool) -> float:
     return statistics.median(samples)
 
 
+TEMPERATURES = (0.0, 0.5, 1.0)  # accept length greedy and sampled (seed 0)
+
+
 def spec_figures(*, quick: bool, device: str = "cpu", budget: int = 32, budgets: tuple = (4, 8, 16, 32)) -> dict:
-    """Accept length on held-out prompts at ``budget``; spec vs AR decode speed at ~1k context,
-    batch 1, for each of ``budgets`` (AR and spec runs alternate; medians of the repeats)."""
+    """Accept length on held-out prompts at ``budget``, greedy and sampled; spec vs AR decode speed
+    at ~1k context, batch 1, for each of ``budgets`` (AR and spec runs alternate; medians of the
+    repeats)."""
     from perfkit.engine import data
     from perfkit.engine.checkpoints import load_engine
 
     engine = load_engine("shipped", device=device)
     n_prompts, gen = (4, 64) if quick else (16, 128)
-    accept = []
+    accept = {t: [] for t in TEMPERATURES}  # greedy, then seeded sampling
     for p in data.sample_prompts(n_prompts, 256):
-        accept.extend(engine.generate([p], max_new_tokens=gen, mode="spec", budget=budget).accept_lengths)
+        for t in TEMPERATURES:
+            accept[t].extend(engine.generate([p], max_new_tokens=gen, mode="spec", budget=budget, temperature=t).accept_lengths)
     ctx_prompt = data.sample_prompts(1, 256, seed=7)
     opts = dict(max_new_tokens=64 if quick else 128, context=1024)
     engine.generate(ctx_prompt, max_new_tokens=8, context=1024, mode="ar")  # warm-up
@@ -56,7 +61,8 @@ def spec_figures(*, quick: bool, device: str = "cpu", budget: int = 32, budgets:
         "budget": budget,
         "heldout_prompts": n_prompts,
         "heldout_gen": gen,
-        "heldout_accept_len": statistics.fmean(accept),
+        "heldout_accept_len": statistics.fmean(accept[0.0]),
+        "heldout_accept_len_sampled": [{"temperature": t, "accept_len": statistics.fmean(accept[t])} for t in TEMPERATURES[1:]],
         "ctx": 1024,
         "ar_decode_tok_s": ar,
         "sweep": sweep,
@@ -170,7 +176,8 @@ def _format_spec(s: dict) -> list[str]:
     lines = [
         "",
         f"Spec decode, shipped weights, budget {s['budget']}",
-        f"  accept length on held-out text ({s['heldout_prompts']} prompts x {s['heldout_gen']} tokens): {s['heldout_accept_len']:.2f}",
+        f"  accept length on held-out text ({s['heldout_prompts']} prompts x {s['heldout_gen']} tokens): {s['heldout_accept_len']:.2f}"
+        + "".join(f"; sampled at temperature {r['temperature']:g}: {r['accept_len']:.2f}" for r in s.get("heldout_accept_len_sampled", [])),
         f"  ctx {s['ctx']}, batch 1, tree=heap: AR {s['ar_decode_tok_s']:.1f} tok/s",
     ]
     for r in s["sweep"]:
