@@ -151,11 +151,8 @@ class Engine:
             raise UserError(f"seed must be an int, got {seed!r}")
         b = len(prefixes)
         lens = [len(p) for p in prefixes]
-        k = self.drafter.config.block
-        # The batch steps until its slowest request has max_new_tokens; meanwhile a fast one commits
-        # up to k + 1 tokens a step (at most max_new_tokens steps), and a step writes its whole tree.
-        growth = (k + 1) * max_new_tokens + k + 1 + budget + 1 if mode == "spec" else max_new_tokens + 1
-        cache = KVCache(self.target.config, batch=b, capacity=max(lens) + growth + 1, device=self.device, dtype=self.dtype)
+        capacity = max(lens) + self._growth(mode, max_new_tokens, budget) + 1
+        cache = KVCache(self.target.config, batch=b, capacity=capacity, device=self.device, dtype=self.dtype)
 
         t0 = time.perf_counter()
         fill_cache = self._approx_fill if fill == "approx" else self._prefill
@@ -233,9 +230,16 @@ class Engine:
             raise UserError(f"budget must be a positive int, got {budget!r}")
         if fill == "approx" and len({len(p) for p in prefixes}) != 1:
             raise UserError("fill='approx' needs prefixes of equal length (pass context=N)")
-        longest = max(len(p) for p in prefixes) + max_new_tokens + budget + self.drafter.config.block + 4
+        longest = max(len(p) for p in prefixes) + self._growth(mode, max_new_tokens, budget) + 1
         if longest > self.target.config.max_seq_len:
             raise UserError(f"prompt + generation ({longest} positions) exceeds max_seq_len {self.target.config.max_seq_len}")
+
+    def _growth(self, mode: str, max_new_tokens: int, budget: int) -> int:
+        """Positions a request may need past its prefix. The batch steps until its slowest request
+        has max_new_tokens; meanwhile a fast one commits up to block + 1 tokens a step (at most
+        max_new_tokens steps), and a step writes its whole tree after what is committed."""
+        k = self.drafter.config.block
+        return (k + 1) * max_new_tokens + k + 1 + budget + 1 if mode == "spec" else max_new_tokens + 1
 
     # --- filling the cache -----------------------------------------------------------------------
 
