@@ -17,11 +17,11 @@ token is a sample from the target's distribution given the tokens before it.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 __all__ = ["choose", "gumbel_noise"]
-
-import functools
 
 _MASK32 = 0xFFFFFFFF
 
@@ -35,7 +35,7 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def _mix32_int(x: int) -> int:
-    """``_mix32`` of one Python int."""
+    """``_mix32`` of one Python int (the request keys are made on the host)."""
     x &= _MASK32
     x = ((x ^ (x >> 16)) * 0x7FEB352D) & _MASK32
     x = ((x ^ (x >> 15)) * 0x31848BAB) & _MASK32
@@ -44,7 +44,7 @@ def _mix32_int(x: int) -> int:
 
 @functools.lru_cache(maxsize=8)
 def _token_keys(vocab: int, device: str) -> torch.Tensor:
-    return _mix32(torch.arange(vocab, device=device) + 0x9E3779B9)
+    return _mix32((torch.arange(vocab, device=device) + 0x9E3779B9) & _MASK32)
 
 
 @functools.lru_cache(maxsize=32)
