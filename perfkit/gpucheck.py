@@ -176,7 +176,7 @@ def nvtx_check(cuda, *, work=None) -> dict:
     }
 
 
-# --- torch.profiler on CUDA ------------------------------------------------------------------------
+# --- the draft-tree build on the device ------------------------------------------------------------
 
 
 def tree_build_check(device: str = "cuda") -> list[dict]:
@@ -185,6 +185,9 @@ def tree_build_check(device: str = "cuda") -> list[dict]:
     from perfkit.engine.benchmarks import tree_build_figures
 
     return tree_build_figures(quick=True, device=device)
+
+
+# --- torch.profiler on CUDA ------------------------------------------------------------------------
 
 
 def profiler_check(torch, out_dir: Path) -> dict:
