@@ -12,17 +12,17 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _PUBLIC = {
-    "record": "perfkit.probe",
-    "record_breakdown": "perfkit.probe",
-    "span": "perfkit.spans",
-    "timed": "perfkit.spans",
-    "capture": "perfkit.spans",
-    "flush": "perfkit.spans",
-    "enabled": "perfkit.spans",
-    "set_enabled": "perfkit.spans",
-    "bench": "perfkit.measure",
-    "load_hypotheses": "perfkit.hypothesis",
-    "Verdict": "perfkit.verdict",
+    "record": "perfkit.probe.recording",
+    "record_breakdown": "perfkit.probe.recording",
+    "span": "perfkit.probe.spans",
+    "timed": "perfkit.probe.spans",
+    "capture": "perfkit.probe.spans",
+    "flush": "perfkit.probe.spans",
+    "enabled": "perfkit.probe.spans",
+    "set_enabled": "perfkit.probe.spans",
+    "bench": "perfkit.probe.timing",
+    "load_hypotheses": "perfkit.experiment.hypothesis",
+    "Verdict": "perfkit.experiment.verdict",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -17,10 +17,10 @@ from perfkit.errors import UserError
 # subcommand -> module whose main(argv) handles it (written by other parts of perfkit, imported on use)
 _DELEGATED = {
     "engine": "perfkit.engine.cli",
-    "env": "perfkit.machine",
-    "gpu-check": "perfkit.gpucheck",
-    "roofline": "perfkit.roofline",
-    "overhead": "perfkit.overhead",
+    "env": "perfkit.machine.snapshot",
+    "gpu-check": "perfkit.machine.gpucheck",
+    "roofline": "perfkit.machine.roofline",
+    "overhead": "perfkit.machine.overhead",
 }
 
 
@@ -91,13 +91,13 @@ def _main(argv: list[str]) -> int:
 
     project = find_project(args.root)
     if args.command == "validate":
-        from perfkit.hypothesis import load_hypotheses
+        from perfkit.experiment.hypothesis import load_hypotheses
 
         hypotheses = load_hypotheses(project)
         print(f"{len(hypotheses)} hypotheses valid")
         return 0
     if args.command == "run":
-        from perfkit import runner
+        from perfkit.experiment import runner
 
         report = runner.run(
             project, ids=args.ids, all_hypotheses=args.all, quick=args.quick, jobs=args.jobs,
@@ -107,7 +107,7 @@ def _main(argv: list[str]) -> int:
         )
         return report.exit_code
     if args.command == "ledger":
-        from perfkit import ledger
+        from perfkit.experiment import ledger
 
         if args.check:
             problems, warnings = ledger.check(project)
@@ -123,12 +123,12 @@ def _main(argv: list[str]) -> int:
         print(f"wrote {project.relative(project.ledger_path)}")
         return 0
     if args.command == "show":
-        from perfkit import ledger
+        from perfkit.experiment import ledger
 
         sys.stdout.write(ledger.describe(project, args.id))
         return 0
     if args.command == "new":
-        from perfkit.scaffold import new_probe
+        from perfkit.experiment.scaffold import new_probe
 
         print(f"wrote {new_probe(project, args.name)}: open it with `make lab`, replace work(), then name it in a hypothesis")
         return 0
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     except UserError as exc:
         from perfkit.errors import RecordError
-        from perfkit.hypothesis import ValidationFailed
+        from perfkit.experiment.hypothesis import ValidationFailed
 
         # record errors are already `path:line: field: message`, one per line
         plain = isinstance(exc, (RecordError, ValidationFailed))

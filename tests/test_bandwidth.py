@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from perfkit import bandwidth
+from perfkit.machine import bandwidth
 from perfkit.errors import UserError
 
 MIB = 2**20

@@ -6,15 +6,15 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from perfkit import runner
+from perfkit.experiment import runner
 from perfkit.cli import main
-from perfkit.execute import ensure_kernelspec
+from perfkit.experiment.execute import ensure_kernelspec
 
 FIXTURE_NOTEBOOK = Path(__file__).parent / "fixtures" / "project" / "notebooks" / "fixture_probe.ipynb"
 
 
-@pytest.mark.parametrize("command, module", [("engine", "perfkit.engine.cli"), ("env", "perfkit.machine"),
-                                             ("gpu-check", "perfkit.gpucheck")])
+@pytest.mark.parametrize("command, module", [("engine", "perfkit.engine.cli"), ("env", "perfkit.machine.snapshot"),
+                                             ("gpu-check", "perfkit.machine.gpucheck")])
 def test_delegated_commands_get_their_arguments_untouched(monkeypatch, command, module):
     seen = []
     fake = types.ModuleType(module)
@@ -49,15 +49,15 @@ def test_profile_cells_are_injected_after_parameters_and_at_the_end(tmp_path):
     nb = nbformat.read(str(out), as_version=4)
     tags = [c.metadata.get("tags", []) for c in nb.cells]
     index = next(i for i, t in enumerate(tags) if "parameters" in t)
-    assert tags[index + 1] == [runner.INJECTED_TAG] and "perfkit.profiler.start('/x/torch_trace.json')" in nb.cells[index + 1].source
-    assert tags[-1] == [runner.INJECTED_TAG] and nb.cells[-1].source == "perfkit.profiler.stop()"
+    assert tags[index + 1] == [runner.INJECTED_TAG] and "perfkit.probe.profiler.start('/x/torch_trace.json')" in nb.cells[index + 1].source
+    assert tags[-1] == [runner.INJECTED_TAG] and nb.cells[-1].source == "perfkit.probe.profiler.stop()"
 
 
 def test_import_perfkit_is_cheap_and_public_names_resolve():
     import subprocess
 
     code = (
-        "import sys, perfkit, perfkit.probe\n"
+        "import sys, perfkit, perfkit.probe.recording\n"
         "assert callable(perfkit.record) and callable(perfkit.record_breakdown) and perfkit.load_hypotheses\n"
         "assert perfkit.Verdict.REFUTED.value == 'refuted'\n"
         "heavy = [m for m in ('torch', 'matplotlib', 'papermill') if m in sys.modules]\n"

@@ -8,7 +8,7 @@ from perfkit.engine import decode, load_engine
 from perfkit.engine.model import KVCache, ModelConfig
 from perfkit.errors import UserError
 from perfkit.phases import PHASES, STEP, UNATTRIBUTED
-from perfkit.spans import capture
+from perfkit.probe.spans import capture
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

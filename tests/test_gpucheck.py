@@ -7,7 +7,9 @@ import types
 
 import pytest
 
-from perfkit import gpucheck, spans
+from perfkit.machine import gpucheck
+
+from perfkit.probe import spans
 from perfkit.errors import UserError
 
 
@@ -203,7 +205,7 @@ def test_engine_check_runs_the_engine_and_compares_verify_with_its_floor():
     """The same code the GPU check runs, on the CPU with the small random engine."""
     import torch
 
-    from perfkit.roofline import Machine
+    from perfkit.machine.roofline import Machine
 
     machine = Machine("test machine", 10e9, 50e9)
     rows = gpucheck.engine_check(torch, device="cpu", preset="tiny-random", context=128, new_tokens=8, budget=8,
@@ -227,7 +229,7 @@ def test_run_writes_the_report_and_a_failed_section_fails_the_command(tmp_path, 
     import torch
 
     import fake_nvml
-    from perfkit import bandwidth
+    from perfkit.machine import bandwidth
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml.make())
     monkeypatch.setattr(gpucheck, "cuda_unavailable", lambda: None)

@@ -4,11 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from perfkit import ledger, results
+from perfkit.experiment import ledger
+
+from perfkit.experiment import results
 from perfkit.cli import main
-from perfkit.hypothesis import load_hypotheses
+from perfkit.experiment.hypothesis import load_hypotheses
 from perfkit.paths import Project
-from perfkit.results import HypothesisResult, Measured, RunResults
+from perfkit.experiment.results import HypothesisResult, Measured, RunResults
 
 FIXTURES = Path(__file__).parent / "fixtures" / "project"
 

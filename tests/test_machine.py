@@ -9,7 +9,8 @@ import sys
 import pytest
 
 import fake_nvml
-from perfkit import bandwidth, machine
+from perfkit.machine import bandwidth
+from perfkit.machine import snapshot as machine
 from perfkit.errors import UserError
 
 

@@ -1,6 +1,8 @@
 """`perfkit overhead`: every variant measured in one run, profiling state restored afterwards."""
 
-from perfkit import overhead, spans
+from perfkit.machine import overhead
+
+from perfkit.probe import spans
 from perfkit.cli import main
 
 

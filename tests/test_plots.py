@@ -3,10 +3,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perfkit.hypothesis import Expect, Hypothesis, Probe, Sweep
-from perfkit.plots import plot_verdict
-from perfkit.results import ExecutionRecord, MetricRecord
-from perfkit.verdict import effective_points, judge
+from perfkit.experiment.hypothesis import Expect, Hypothesis, Probe, Sweep
+from perfkit.experiment.plots import plot_verdict
+from perfkit.experiment.results import ExecutionRecord, MetricRecord
+from perfkit.experiment.verdict import effective_points, judge
 
 
 def case(expect, records_by_params, sweep=None):

@@ -8,9 +8,9 @@ import pytest
 
 import perfkit
 from perfkit.errors import UserError
-from perfkit.execute import records_in
+from perfkit.experiment.execute import records_in
 from perfkit.phases import BREAKDOWN, PHASES, STEP, UNATTRIBUTED
-from perfkit.probe import MIMETYPE, decode_samples, encode_samples, make_record
+from perfkit.probe.recording import MIMETYPE, decode_samples, encode_samples, make_record
 
 
 def test_non_finite_samples_survive_json():
@@ -65,7 +65,7 @@ def test_record_in_a_kernel_displays_a_bundle_the_runner_reads_back(monkeypatch)
 
 
 def test_record_breakdown_from_a_capture(monkeypatch):
-    from perfkit.spans import capture, span
+    from perfkit.probe.spans import capture, span
 
     with capture() as cap:
         for _ in range(6):
@@ -76,7 +76,7 @@ def test_record_breakdown_from_a_capture(monkeypatch):
                     time.sleep(0.002)
                 time.sleep(0.001)  # in no phase: must land in unattributed
     shown = []
-    import perfkit.probe as probe
+    import perfkit.probe.recording as probe
 
     monkeypatch.setattr(probe, "_emit", lambda records, text: shown.append((records, text)))
     perfkit.record_breakdown(cap, unit="ms", at={"ctx": 1})

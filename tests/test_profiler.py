@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from perfkit import profiler
+from perfkit.probe import profiler
 
 
 @pytest.fixture(autouse=True)

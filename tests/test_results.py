@@ -3,10 +3,10 @@ import math
 
 import pytest
 
-from perfkit import results
+from perfkit.experiment import results
 from perfkit.errors import RecordError
 from perfkit.paths import Project
-from perfkit.results import (
+from perfkit.experiment.results import (
     ExecutionRecord, ExecutionRef, Floor, HypothesisResult, Measured, MetricRecord, MetricSummary, RunResults,
 )
 

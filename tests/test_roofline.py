@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from perfkit import bandwidth, roofline
+from perfkit.machine import bandwidth
+
+from perfkit.machine import roofline
 from perfkit.errors import UserError
-from perfkit.roofline import PRESETS, Cost, Machine, expected_experts_touched, floor, step_cost
+from perfkit.machine.roofline import PRESETS, Cost, Machine, expected_experts_touched, floor, step_cost
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from perfkit import ledger, runner
+from perfkit.experiment import ledger
+
+from perfkit.experiment import runner
 from perfkit.cli import main
 from perfkit.errors import UserError
 from perfkit.paths import Project
@@ -91,7 +93,7 @@ def test_progress_lines_and_evidence_are_kept(first):
 def test_utilization_trace_per_execution(first):
     project, report, _ = first
     run_dir = project.runs_dir / report.run_id
-    utilization, why = runner._optional("perfkit.utilization")
+    utilization, why = runner._optional("perfkit.machine.utilization")
     if utilization is None:
         pytest.skip(why)
     for exec_dir in (run_dir / "executions").iterdir():

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from perfkit import spans
+from perfkit.probe import spans
 from perfkit.phases import STEP, UNATTRIBUTED
 
 
@@ -66,7 +66,7 @@ def test_fewer_calls_than_interval_still_print_on_flush(log):
 
 def test_env_profile_prints_summary_at_exit():
     code = (
-        "from perfkit.spans import timed\n"
+        "from perfkit.probe.spans import timed\n"
         "f = timed('once')(lambda: None)\n"
         "f(); f()\n"
     )
@@ -172,7 +172,7 @@ def test_cuda_path_uses_events_and_nvtx_without_sync_per_call(log, monkeypatch):
 
 
 def test_bench_returns_samples_with_warmup_and_min_time():
-    from perfkit.measure import bench
+    from perfkit.probe.timing import bench
 
     calls = []
     samples = bench(lambda: calls.append(1), warmup=2, repeat=5)
@@ -188,9 +188,9 @@ def test_bench_returns_samples_with_warmup_and_min_time():
 
 def test_public_bench_stays_the_function_after_its_module_is_imported():
     import perfkit
-    import perfkit.measure  # noqa: F401  (a submodule import must not shadow the function)
+    import perfkit.probe.timing  # noqa: F401  (a submodule import must not shadow the function)
 
-    assert callable(perfkit.bench) and perfkit.bench is perfkit.measure.bench
+    assert callable(perfkit.bench) and perfkit.bench is perfkit.probe.timing.bench
     assert len(perfkit.bench(lambda: None, warmup=0, repeat=2)) == 2
 
 

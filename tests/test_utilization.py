@@ -10,8 +10,8 @@ import time
 import pytest
 
 import fake_nvml
-from perfkit import utilization
-from perfkit.utilization import Sampler, plot_trace
+from perfkit.machine import utilization
+from perfkit.machine.utilization import Sampler, plot_trace
 
 
 def _burn(seconds: float) -> None:

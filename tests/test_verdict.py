@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perfkit.hypothesis import Expect, Hypothesis, Probe, Sweep
+from perfkit.experiment.hypothesis import Expect, Hypothesis, Probe, Sweep
 from perfkit.phases import BREAKDOWN, STEP
-from perfkit.results import ExecutionRecord, MetricRecord
-from perfkit.verdict import Verdict, judge
+from perfkit.experiment.results import ExecutionRecord, MetricRecord
+from perfkit.experiment.verdict import Verdict, judge
 
 
 def hyp(expect: Expect, sweep: Sweep | None = None) -> Hypothesis:

@@ -3,7 +3,7 @@
 A probe drives it like this::
 
     from perfkit.engine import load_engine, data
-    from perfkit.spans import capture
+    from perfkit.probe.spans import capture
 
     engine = load_engine("shipped", device="cpu", dtype="fp32")   # or "tiny-random", "moe-random"
     prompts = data.sample_prompts(1, 256)                          # held-out stdlib source, bytes

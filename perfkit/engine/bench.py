@@ -42,7 +42,7 @@ def run_bench(cfg: BenchConfig, *, engine=None) -> dict:
 
     from perfkit.engine import data
     from perfkit.engine.checkpoints import load_engine
-    from perfkit.spans import capture
+    from perfkit.probe.spans import capture
 
     if engine is None:
         engine = load_engine(cfg.preset, device=cfg.device, dtype=cfg.dtype)

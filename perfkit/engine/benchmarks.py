@@ -16,7 +16,7 @@ __all__ = ["run_benchmarks", "format_benchmarks", "tree_build_figures", "mask_fi
 
 
 def _median_s(fn, *, quick: bool) -> float:
-    from perfkit.measure import bench
+    from perfkit.probe.timing import bench
 
     samples = bench(fn, warmup=2 if quick else 3, repeat=5 if quick else 15, min_time_s=0.05 if quick else 0.3)
     return statistics.median(samples)

@@ -16,7 +16,7 @@ last emitted token of each request, not yet in the cache) are known:
 
 An autoregressive step is the same target forward with one token (verify_forward), the host copy
 (accept) and the length bump (kv_commit). Both run inside ``span("step")``, so
-``perfkit.spans.capture().steps()`` gives the breakdown with the unattributed remainder. Nothing
+``perfkit.probe.spans.capture().steps()`` gives the breakdown with the unattributed remainder. Nothing
 here synchronises the device except the one host copy per step that emitting tokens needs.
 """
 
@@ -34,7 +34,7 @@ from perfkit.engine.model import KVCache, Transformer
 from perfkit.errors import UserError
 from perfkit.kernels import tree_build, verify_mask
 from perfkit.phases import STEP
-from perfkit.spans import span
+from perfkit.probe.spans import span
 
 __all__ = ["Engine", "GenerateResult", "PREFILL_CHUNK", "APPROX_HEAD", "APPROX_TAIL"]
 

@@ -26,7 +26,7 @@ from perfkit.errors import UserError
 __all__ = ["snapshot", "main", "cpu_model", "gpu_names", "nvml", "peak_dram_bytes_per_s", "format_snapshot"]
 
 SNAPSHOT_FORMAT = 1
-_REPO = Path(__file__).resolve().parent.parent
+_REPO = Path(__file__).resolve().parents[2]
 
 
 # --- CPU and memory --------------------------------------------------------------------------------
@@ -241,7 +241,7 @@ def snapshot(*, bandwidth: bool = True, refresh: bool = False) -> dict:
         "gpu_note": nvidia["gpu_note"],
     }
     if bandwidth:
-        from perfkit import bandwidth as bw
+        from perfkit.machine import bandwidth as bw
 
         snap["bandwidth"] = bw.measured(refresh=refresh).to_dict()
     return snap
@@ -315,7 +315,7 @@ def format_snapshot(snap: dict) -> str:
             f"{_or(pcie['gen'])} x{_or(pcie['width'])} (max gen {_or(pcie['max_gen'])} x{_or(pcie['max_width'])})",
         )
     if "bandwidth" in snap:
-        from perfkit import bandwidth as bw
+        from perfkit.machine import bandwidth as bw
 
         for i, text in enumerate(bw.describe(snap["bandwidth"])):
             row("bandwidth" if i == 0 else "", text)

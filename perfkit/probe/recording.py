@@ -157,7 +157,7 @@ def record(name: str, samples: Any, *, unit: str, at: dict[str, Any] | None = No
 def record_breakdown(steps: Any, *, unit: str = "ms", at: dict[str, Any] | None = None) -> None:
     """Record a decode-step breakdown: the step, every phase and the unattributed remainder.
 
-    `steps` is `perfkit.spans.capture()`'s `cap.steps()` (one dict of seconds per step) or the
+    `steps` is `perfkit.probe.spans.capture()`'s `cap.steps()` (one dict of seconds per step) or the
     capture itself. Samples of all metrics are paired by step index, so a share (phase / step) is
     computed per step. Unattributed time is recorded as its own metric, never given to a phase.
     """

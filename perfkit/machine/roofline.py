@@ -47,7 +47,7 @@ class Machine:
     name: str
     dram_bytes_per_s: float
     peak_flops: float
-    source: str = "spec"  # "spec" (a datasheet) or "measured" (perfkit.bandwidth on this machine)
+    source: str = "spec"  # "spec" (a datasheet) or "measured" (perfkit.machine.bandwidth on this machine)
 
     def __post_init__(self):
         for fld in ("dram_bytes_per_s", "peak_flops"):
@@ -69,11 +69,11 @@ class Machine:
 
     @classmethod
     def measured(cls, *, device: str | None = None, refresh: bool = False) -> "Machine":
-        """This machine from perfkit.bandwidth: triad bandwidth and matmul FLOP/s, both measured.
+        """This machine from perfkit.machine.bandwidth: triad bandwidth and matmul FLOP/s, both measured.
 
         ``device``: "cpu" or "cuda:N" (default: the first GPU when there is one, else the CPU).
         """
-        from perfkit import bandwidth
+        from perfkit.machine import bandwidth
 
         m = bandwidth.measured(refresh=refresh)
         dev = device or m.main_device()
@@ -251,8 +251,8 @@ def _engine_config(preset: str):
 
 
 def main(argv: list[str]) -> int:
-    """`python -m perfkit.roofline`: the floor of an engine step over a context sweep."""
-    p = argparse.ArgumentParser(prog="python -m perfkit.roofline", description=main.__doc__)
+    """`python -m perfkit.machine.roofline`: the floor of an engine step over a context sweep."""
+    p = argparse.ArgumentParser(prog="python -m perfkit.machine.roofline", description=main.__doc__)
     p.add_argument("--preset", default="shipped", help="engine preset whose target is costed (default: shipped)")
     p.add_argument("--machine", default="measured", help=f"'measured' or one of: {', '.join(PRESETS)}")
     p.add_argument("--contexts", default="1024,4096,16384,32768,65536")

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from perfkit.errors import RecordError
 from perfkit.paths import Project, write_atomic
-from perfkit.probe import decode_samples, encode_samples
+from perfkit.probe.recording import decode_samples, encode_samples
 
 FORMAT_VERSION = 1
 #: version n -> function turning a version-n dict into a version-(n + 1) dict.

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.paths import write_atomic
-from perfkit.probe import MIMETYPE, decode_samples
-from perfkit.results import MetricRecord
+from perfkit.probe.recording import MIMETYPE, decode_samples
+from perfkit.experiment.results import MetricRecord
 
 KERNEL_NAME = "perfkit"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -194,7 +194,7 @@ def execute(
     started = time.monotonic()
     with open(output.with_name(output.stem + ".log"), "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "perfkit.execute", str(spec_path)],
+            [sys.executable, "-m", "perfkit.experiment.execute", str(spec_path)],
             stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True,
         )
         with _live_lock:

@@ -39,7 +39,7 @@ def start(trace_path: str) -> None:
     """Start recording every operator (CPU, and CUDA kernels when present) until :func:`stop`."""
     global _session
     if _session is not None:
-        raise RuntimeError(f"perfkit.profiler already recording to {_session['path']}; call stop() first")
+        raise RuntimeError(f"perfkit.probe.profiler already recording to {_session['path']}; call stop() first")
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -56,7 +56,7 @@ def stop(*, limit: int = 15) -> str | None:
     operators (also saved next to it as ``<trace>.top.json``). None when nothing was recording."""
     global _session
     if _session is None:
-        print("perfkit.profiler.stop(): no capture was started; nothing saved")
+        print("perfkit.probe.profiler.stop(): no capture was started; nothing saved")
         return None
     session, _session = _session, None
     prof = session["profile"]

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 
-from perfkit import spans, stats
-from perfkit.measure import bench
+from perfkit import stats
+
+from perfkit.probe import spans
+from perfkit.probe.timing import bench
 
 
 def _work(x: int = 1) -> int:

@@ -38,7 +38,7 @@ def cuda_unavailable() -> str | None:
     if torch.version.cuda is None:
         return f"torch {torch.__version__} is a CPU-only build (see environment.yml for a CUDA build)"
     if not torch.cuda.is_available():
-        from perfkit.machine import nvml
+        from perfkit.machine.snapshot import nvml
 
         with nvml() as nv:
             why = nv.note or "NVML sees a GPU but CUDA cannot use it"
@@ -107,7 +107,7 @@ def kernel_timings(torch) -> list[dict]:
 
 def span_check(torch) -> dict:
     """A perfkit span around an 8192^2 matmul vs the three clocks: spans must see device time."""
-    from perfkit import spans
+    from perfkit.probe import spans
 
     dev = torch.device("cuda")
     a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
@@ -135,7 +135,7 @@ def nvtx_check(cuda, *, work=None) -> dict:
 
     ``work``: what runs inside the spans (default: a one-element CUDA add).
     """
-    from perfkit import spans
+    from perfkit.probe import spans
 
     if not cuda.is_available():
         return {"ok": False, "pushed": [], "popped": 0,
@@ -191,7 +191,7 @@ def tree_build_check(device: str = "cuda") -> list[dict]:
 
 
 def profiler_check(torch, out_dir: Path) -> dict:
-    from perfkit import profiler
+    from perfkit.probe import profiler
 
     a = torch.randn(2048, 2048, device="cuda")
     trace = out_dir / "profiler-check.trace.json"
@@ -213,10 +213,10 @@ def engine_check(torch, *, device: str = "cuda", preset: str | None = None, cont
     """The bundled engine on ``device`` (bf16 on CUDA), spec and AR: per-phase time from perfkit
     spans (CUDA events on a GPU) against the synchronised wall clock, and the verify forward
     against its roofline floor on ``machine`` (default: measured for that device)."""
-    from perfkit import roofline
+    from perfkit.machine import roofline
     from perfkit.engine import checkpoints, data, load_engine
     from perfkit.phases import BREAKDOWN, STEP
-    from perfkit.spans import capture
+    from perfkit.probe.spans import capture
 
     if preset is None:
         preset = "shipped" if (checkpoints.CHECKPOINT_DIR / "target.safetensors").exists() else "tiny-random"
@@ -384,7 +384,9 @@ def run(out_dir: Path, *, refresh_bandwidth: bool = False, engine: bool = True) 
         raise UserError(f"gpu-check: no CUDA device, nothing measured: {reason}")
     import torch
 
-    from perfkit import bandwidth, machine
+    from perfkit.machine import bandwidth
+
+    from perfkit.machine import snapshot as machine
     from perfkit.paths import write_atomic
 
     out_dir.mkdir(parents=True, exist_ok=True)

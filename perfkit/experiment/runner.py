@@ -25,18 +25,19 @@ from typing import Any, Callable
 
 import yaml
 
-from perfkit import execute as executor
-from perfkit import ledger, plots
+from perfkit.experiment import execute as executor
+from perfkit.experiment import ledger
+from perfkit.experiment import plots
 from perfkit.errors import UserError
-from perfkit.hypothesis import Hypothesis, check_parameter, load_hypotheses, notebook_parameters
+from perfkit.experiment.hypothesis import Hypothesis, check_parameter, load_hypotheses, notebook_parameters
 from perfkit.paths import Project, write_atomic
 from perfkit.phases import BREAKDOWN, STEP
-from perfkit.results import (
+from perfkit.experiment.results import (
     ExecutionRecord, ExecutionRef, HypothesisResult, MetricSummary, RunResults, dumps, read_execution,
     write_execution, write_results,
 )
 from perfkit.stats import is_clean, mean_interval, seed_for, summarize
-from perfkit.verdict import Judgement, Verdict, effective_points, judge
+from perfkit.experiment.verdict import Judgement, Verdict, effective_points, judge
 
 PROFILERS = ("torch",)
 INJECTED_TAG = "perfkit-injected"
@@ -70,7 +71,7 @@ class RunReport:
 
 def source_tree_hash() -> str:
     """Hash of the perfkit package's files: a change in the framework or engine invalidates the cache."""
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         parts = path.relative_to(root).parts
@@ -224,8 +225,8 @@ def _profiled_notebook(source: Path, target: Path, trace_path: str) -> Path:
 
     nb = nbformat.read(str(source), as_version=4)
     index = next(i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", []))
-    start = nbformat.v4.new_code_cell(f"import perfkit.profiler\nperfkit.profiler.start({trace_path!r})")
-    stop = nbformat.v4.new_code_cell("perfkit.profiler.stop()")
+    start = nbformat.v4.new_code_cell(f"import perfkit.probe.profiler\nperfkit.probe.profiler.start({trace_path!r})")
+    stop = nbformat.v4.new_code_cell("perfkit.probe.profiler.stop()")
     for cell in (start, stop):
         cell.metadata["tags"] = [INJECTED_TAG]
     nb.cells.insert(index + 1, start)
@@ -267,7 +268,7 @@ def _execute_one(
         trace = exec_dir / "torch_trace.json"
         env["PERFKIT_TORCH_PROFILE"] = str(trace)
         notebook = _profiled_notebook(source, exec_dir / "input.ipynb", str(trace))
-    utilization, why_not = _optional("perfkit.utilization")
+    utilization, why_not = _optional("perfkit.machine.utilization")
     sampler = utilization.Sampler(interval_s=0.25) if utilization else None
     say(f"{tag} start    {planned.label()}")
     if sampler:
@@ -361,7 +362,7 @@ def run(
         "perfkit_source": source_hash,
     }
     write_atomic(run_dir / "manifest.json", dumps(manifest))
-    machine, why_not = _optional("perfkit.machine")
+    machine, why_not = _optional("perfkit.machine.snapshot")
     manifest["environment"] = machine.snapshot() if machine else {"unavailable": why_not}
 
     records: dict[str, ExecutionRecord] = {}

@@ -14,8 +14,8 @@ from typing import Any
 
 from perfkit import stats, units
 from perfkit.errors import UserError
-from perfkit.hypothesis import Expect, Hypothesis
-from perfkit.results import ExecutionRecord, Floor, Measured, MetricRecord
+from perfkit.experiment.hypothesis import Expect, Hypothesis
+from perfkit.experiment.results import ExecutionRecord, Floor, Measured, MetricRecord
 
 
 class Verdict(str, Enum):

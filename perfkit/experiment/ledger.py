@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfkit import units
-from perfkit.hypothesis import load_hypotheses
+from perfkit.experiment.hypothesis import load_hypotheses
 from perfkit.paths import Project, write_atomic
-from perfkit.results import HypothesisResult, RunResults, load_all_results
+from perfkit.experiment.results import HypothesisResult, RunResults, load_all_results
 
 HEADER = (
     "# Ledger of hypotheses\n\n"

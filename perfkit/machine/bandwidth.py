@@ -269,7 +269,7 @@ def measure(*, cpu: bool = True, cuda: bool = True, array_bytes: int | None = No
 
 def fingerprint_inputs() -> dict:
     """What identifies a machine for the cache: CPU model, cores, memory (GiB) and GPU names."""
-    from perfkit.machine import cpu_model, gpu_names
+    from perfkit.machine.snapshot import cpu_model, gpu_names
 
     return {
         "cpu_model": cpu_model(),

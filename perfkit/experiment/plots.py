@@ -13,10 +13,10 @@ import math
 from pathlib import Path
 
 from perfkit import stats, units
-from perfkit.hypothesis import Hypothesis
+from perfkit.experiment.hypothesis import Hypothesis
 from perfkit.paths import write_atomic
 from perfkit.phases import BREAKDOWN, STEP, UNATTRIBUTED
-from perfkit.verdict import Judgement, Point, Verdict
+from perfkit.experiment.verdict import Judgement, Point, Verdict
 
 COLORS = {
     Verdict.CONFIRMED: "#2e7d32",

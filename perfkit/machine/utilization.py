@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from perfkit.machine import nvml
+from perfkit.machine.snapshot import nvml
 
 __all__ = ["Sampler", "plot_trace", "TRACE_FORMAT"]
 

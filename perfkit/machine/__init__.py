@@ -1,0 +1,3 @@
+"""The machine a measurement ran on: environment snapshot, NVML, bandwidth, utilization,
+roofline, instrumentation overhead and the GPU check.
+"""
