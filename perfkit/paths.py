@@ -7,7 +7,7 @@ several investigations) can point perfkit at another directory with `--root` or 
 from __future__ import annotations
 
 import os
-import tempfile
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,19 +76,13 @@ def find_project(root: str | os.PathLike | None = None) -> Project:
     )
 
 
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write a file so that readers see the old or the new content, never a torn one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def git_state(directory: Path) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the git checkout holding `directory`; (None, None) outside one or without git."""
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True, timeout=20)
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=directory, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None, None
+    if commit.returncode != 0:
+        return None, None
+    return commit.stdout.strip(), bool(status.stdout.strip()) if status.returncode == 0 else None

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from perfkit.errors import UserError
-from perfkit.paths import write_atomic
+from perfkit.files import write_atomic
 
 __all__ = ["CHECKPOINT_DIR", "FORMAT", "VERSION", "save_weights", "load_weights"]
 

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from perfkit.paths import write_atomic
+from perfkit.files import write_atomic
 from perfkit.probe.recording import MIMETYPE, decode_samples
 from perfkit.experiment.results import MetricRecord
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from perfkit import units
 from perfkit.experiment.hypothesis import load_hypotheses
-from perfkit.paths import Project, write_atomic
+from perfkit.files import write_atomic
+from perfkit.paths import Project
 from perfkit.experiment.results import HypothesisResult, RunResults, load_all_results
 
 HEADER = (

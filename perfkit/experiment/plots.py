@@ -14,7 +14,7 @@ from pathlib import Path
 
 from perfkit import stats, units
 from perfkit.experiment.hypothesis import Hypothesis
-from perfkit.paths import write_atomic
+from perfkit.files import write_atomic
 from perfkit.phases import BREAKDOWN, STEP, UNATTRIBUTED
 from perfkit.experiment.verdict import Judgement, Point, Verdict
 

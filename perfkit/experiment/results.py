@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from perfkit.errors import RecordError
-from perfkit.paths import Project, write_atomic
+from perfkit.files import write_atomic
+from perfkit.paths import Project
 from perfkit.probe.recording import decode_samples, encode_samples
 
 FORMAT_VERSION = 1

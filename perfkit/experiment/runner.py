@@ -30,7 +30,8 @@ from perfkit.experiment import ledger
 from perfkit.experiment import plots
 from perfkit.errors import UserError
 from perfkit.experiment.hypothesis import Hypothesis, check_parameter, load_hypotheses, notebook_parameters
-from perfkit.paths import Project, write_atomic
+from perfkit.files import write_atomic
+from perfkit.paths import Project
 from perfkit.phases import BREAKDOWN, STEP
 from perfkit.experiment.results import (
     ExecutionRecord, ExecutionRef, HypothesisResult, MetricSummary, RunResults, dumps, read_execution,

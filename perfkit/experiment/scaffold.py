@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 
 from perfkit.errors import UserError
-from perfkit.paths import Project, write_atomic
+from perfkit.files import write_atomic
+from perfkit.paths import Project
 
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 

@@ -312,7 +312,7 @@ def _load(path: Path) -> Measurement | None:
 
 def measured(*, refresh: bool = False) -> Measurement:
     """This machine's measurement: from the cache when there is one (``.cached`` says so), else now."""
-    from perfkit.paths import write_atomic
+    from perfkit.files import write_atomic
 
     path = cache_path()
     if not refresh:

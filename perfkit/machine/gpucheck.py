@@ -387,7 +387,7 @@ def run(out_dir: Path, *, refresh_bandwidth: bool = False, engine: bool = True) 
     from perfkit.machine import bandwidth
 
     from perfkit.machine import snapshot as machine
-    from perfkit.paths import write_atomic
+    from perfkit.files import write_atomic
 
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

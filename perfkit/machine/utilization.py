@@ -246,7 +246,7 @@ def plot_trace(trace: dict, path, *, intervals: list[tuple[str, float, float]]) 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from perfkit.paths import write_atomic
+    from perfkit.files import write_atomic
 
     ts = trace["t"]
     starts = [t for _, t, _ in intervals]

@@ -67,7 +67,7 @@ def stop(*, limit: int = 15) -> str | None:
     prof.export_chrome_trace(str(tmp))
     tmp.replace(path)
     rows = top_operators(prof.key_averages(), limit=limit, by_device=session["cuda"])
-    from perfkit.paths import write_atomic
+    from perfkit.files import write_atomic
 
     write_atomic(path.with_name(path.name + ".top.json"), json.dumps({"format": 1, "operators": rows}, indent=1) + "\n")
     print(f"torch.profiler trace: {path}")
