@@ -9,6 +9,7 @@ which upgrades older files step by step and refuses newer ones with a message.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -17,6 +18,24 @@ from typing import Any, Callable
 from perfkit.errors import RecordError
 
 VERSION_KEY = "format_version"
+#: JSON has no NaN or infinity; they are stored as these strings.
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def encode_number(value: float) -> float | str:
+    """A float as JSON can hold it: NaN and infinities become "nan", "inf", "-inf"."""
+    if math.isfinite(value):
+        return value
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def decode_number(value: float | int | str) -> float:
+    """The inverse of `encode_number`; any other string is a ValueError."""
+    if isinstance(value, str):
+        if value not in _NON_FINITE:
+            raise ValueError(f"not a number: {value!r}")
+        return _NON_FINITE[value]
+    return float(value)
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -89,3 +108,51 @@ def read_versioned(
     """`read_json` then `upgrade`."""
     shown = shown or str(path)
     return upgrade(read_json(path, shown), shown, current=current, upgrades=upgrades)
+
+
+class Reader:
+    """Typed access to a parsed JSON object that names the file and field on any mismatch."""
+
+    def __init__(self, data: Any, path: str, where: str = ""):
+        if not isinstance(data, dict):
+            raise RecordError(f"expected an object, got {type(data).__name__}", path=path, field=where or None)
+        self.data, self.path, self.where = data, path, where
+
+    def field(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def get(self, key: str, types: type | tuple[type, ...], *, optional: bool = False) -> Any:
+        if key not in self.data:
+            if optional:
+                return None
+            raise RecordError("missing", path=self.path, field=self.field(key))
+        value = self.data[key]
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+            raise RecordError(f"expected {types}, got a boolean", path=self.path, field=self.field(key))
+        if not isinstance(value, types):
+            raise RecordError(f"expected {types}, got {type(value).__name__}", path=self.path, field=self.field(key))
+        return value
+
+    def number(self, key: str, *, optional: bool = False) -> float | None:
+        value = self.get(key, (int, float, str), optional=optional)
+        if value is None:
+            return None
+        try:
+            return decode_number(value)
+        except ValueError:
+            raise RecordError(f"expected a number, got {value!r}", path=self.path, field=self.field(key)) from None
+
+    def choice(self, key: str, choices: tuple[str, ...]) -> str:
+        value = self.get(key, str)
+        if value not in choices:
+            raise RecordError(f"expected one of {', '.join(choices)}, got {value!r}", path=self.path, field=self.field(key))
+        return value
+
+    def child(self, key: str, *, optional: bool = False) -> "Reader | None":
+        value = self.get(key, dict, optional=optional)
+        return None if value is None else Reader(value, self.path, self.field(key))
+
+    def children(self, key: str) -> list["Reader"]:
+        return [Reader(item, self.path, f"{self.field(key)}[{i}]") for i, item in enumerate(self.get(key, list))]

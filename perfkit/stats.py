@@ -1,7 +1,9 @@
-"""Point estimates and 95% intervals: percentile bootstrap with a seed derived from the metric name.
+"""Point estimates and 95% intervals: percentile bootstrap, seeded by the samples themselves.
 
-No I/O here. A fixed seed per metric makes a run's intervals reproducible from its samples, and
-the same samples always give the same verdict.
+No I/O here. This module is the one path for every interval perfkit shows (verdicts, metric
+summaries, plots, `perfkit show`, a notebook's record summary, the engine benchmarks). The seed
+of each bootstrap is a hash of the samples it resamples, so the same samples give the same
+interval whoever asks and however often, and a run's intervals are reproducible from its samples.
 """
 
 from __future__ import annotations
@@ -38,9 +40,14 @@ class Summary:
     max: float
 
 
-def seed_for(name: str) -> int:
-    """A stable seed from a name (Python's hash() is salted per process; this is not)."""
-    return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "little")
+def seed_of(*arrays: np.ndarray) -> int:
+    """The one seed rule: a hash of the samples (values and lengths), stable across processes."""
+    digest = hashlib.sha256()
+    for array in arrays:
+        data = np.ascontiguousarray(array, dtype=np.float64)
+        digest.update(data.size.to_bytes(8, "little"))
+        digest.update(data.tobytes())
+    return int.from_bytes(digest.digest()[:8], "little")
 
 
 def is_clean(samples: list[float]) -> bool:
@@ -66,12 +73,12 @@ def _percentiles(draws: np.ndarray, point: float, confidence: float) -> Estimate
     return Estimate(value=float(point), low=float(low), high=float(high))
 
 
-def mean_interval(samples: list[float], *, seed: int, confidence: float = CONFIDENCE, resamples: int = RESAMPLES) -> Estimate:
+def mean_interval(samples: list[float], *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES) -> Estimate:
     """Mean and its percentile-bootstrap interval."""
     data = np.asarray(samples, dtype=float)
     if data.size == 0:
         raise ValueError("no samples")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed_of(data))
     idx = rng.integers(0, data.size, size=(resamples, data.size))
     return _percentiles(data[idx].mean(axis=1), data.mean(), confidence)
 
@@ -81,7 +88,6 @@ def ratio_interval(
     denominator: list[float],
     *,
     paired: bool,
-    seed: int,
     confidence: float = CONFIDENCE,
     resamples: int = RESAMPLES,
 ) -> Estimate:
@@ -96,7 +102,7 @@ def ratio_interval(
         raise ValueError("no samples")
     if den.mean() == 0:
         raise ValueError("the denominator's mean is zero")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed_of(num, den))
     if paired:
         if num.size != den.size:
             raise ValueError(f"paired samples differ in length ({num.size} vs {den.size})")
@@ -120,7 +126,6 @@ def slope_interval(
     xs: list[float],
     samples: list[list[float]],
     *,
-    seed: int,
     confidence: float = CONFIDENCE,
     resamples: int = RESAMPLES,
 ) -> Estimate:
@@ -131,7 +136,7 @@ def slope_interval(
         raise ValueError("a slope needs at least two distinct x values")
     if min(xs) <= 0 or any(min(s) <= 0 for s in samples):
         raise ValueError("a log-log fit needs positive x and positive samples")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed_of(np.asarray(xs, dtype=float), *(np.asarray(s, dtype=float) for s in samples)))
     means = np.empty((resamples, len(xs)))
     for j, point in enumerate(samples):
         data = np.asarray(point, dtype=float)

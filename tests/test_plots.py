@@ -3,16 +3,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perfkit.experiment.hypothesis import Expect, Hypothesis, Probe, Sweep
+from perfkit.experiment.hypothesis import Hypothesis, Probe, Sweep
+from perfkit.experiment.kinds import Expect, expectation
 from perfkit.experiment.plots import plot_verdict
-from perfkit.experiment.results import ExecutionRecord, MetricRecord
+from perfkit.experiment.results import Execution
+from perfkit.samples import MetricRecord
 from perfkit.experiment.verdict import effective_points, judge
 
 
 def case(expect, records_by_params, sweep=None):
     h = Hypothesis(id="h", claim="c", rationale="r", expect=expect, probe=Probe(notebook="p.ipynb", sweep=sweep),
                    tags=(), path=Path("h.yaml"), hash="0")
-    executions = [ExecutionRecord(key=str(i), notebook="p.ipynb", params=params, status="ok", wall_s=1.0, run_id="r",
+    executions = [Execution(key=str(i), notebook="p.ipynb", params=params, status="ok", wall_s=1.0, run_id="r",
                                   records=tuple(records)) for i, (params, records) in enumerate(records_by_params)]
     return h, judge(h, executions), effective_points(executions, sweep.param if sweep else None)
 
@@ -23,17 +25,17 @@ def noisy(name, mean, unit="ms", n=20, seed=0):
 
 
 CASES = {
-    "cost": lambda: case(Expect(kind="cost", metric="m", unit="ms", value=200.0, factor=3.0), [({}, [noisy("m", 0.18)])]),
-    "at_least": lambda: case(Expect(kind="at_least", metric="m", unit="tok/s", value=5.0),
+    "cost": lambda: case(expectation(kind="cost", metric="m", unit="ms", value=200.0, factor=3.0), [({}, [noisy("m", 0.18)])]),
+    "at_least": lambda: case(expectation(kind="at_least", metric="m", unit="tok/s", value=5.0),
                              [({}, [noisy("m", 5.2, unit="tok/s")])]),
-    "share-plain": lambda: case(Expect(kind="share", metric="a", of="b", at_most=0.1),
+    "share-plain": lambda: case(expectation(kind="share", metric="a", of="b", at_most=0.1),
                                 [({}, [noisy("a", 1.0), noisy("b", 4.0, seed=1)])]),
-    "scaling": lambda: case(Expect(kind="scaling", metric="m", over="ctx", exponent=1.0, tolerance=0.25),
+    "scaling": lambda: case(expectation(kind="scaling", metric="m", over="ctx", exponent=1.0, tolerance=0.25),
                             [({"ctx": c}, [noisy("m", c * 1e-3, seed=c)]) for c in (1024, 4096, 16384)],
                             sweep=Sweep(param="ctx", values=(1024, 4096, 16384))),
-    "speedup": lambda: case(Expect(kind="speedup", baseline="slow", candidate="fast", at_least=100.0),
+    "speedup": lambda: case(expectation(kind="speedup", baseline="slow", candidate="fast", at_least=100.0),
                             [({}, [noisy("slow", 47.0), noisy("fast", 0.1, seed=2)])]),
-    "no-data": lambda: case(Expect(kind="cost", metric="m", unit="ms", value=1.0, factor=2.0), [({}, [])]),
+    "no-data": lambda: case(expectation(kind="cost", metric="m", unit="ms", value=1.0, factor=2.0), [({}, [])]),
 }
 
 

@@ -10,7 +10,8 @@ import perfkit
 from perfkit.errors import UserError
 from perfkit.experiment.execute import records_in
 from perfkit.phases import BREAKDOWN, PHASES, STEP, UNATTRIBUTED
-from perfkit.probe.recording import MIMETYPE, decode_samples, encode_samples, make_record
+from perfkit.probe.recording import make_record
+from perfkit.samples import MIMETYPE, decode_samples, encode_samples
 
 
 def test_non_finite_samples_survive_json():

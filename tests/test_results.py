@@ -3,12 +3,12 @@ import math
 
 import pytest
 
+from perfkit import files
 from perfkit.experiment import results
 from perfkit.errors import RecordError
 from perfkit.paths import Project
-from perfkit.experiment.results import (
-    ExecutionRecord, ExecutionRef, Floor, HypothesisResult, Measured, MetricRecord, MetricSummary, RunResults,
-)
+from perfkit.experiment.results import Execution, Floor, HypothesisResult, Measured, MetricSummary, RunResults
+from perfkit.samples import MetricRecord
 
 
 def sample_results(run_id="20250101-000000") -> RunResults:
@@ -22,8 +22,8 @@ def sample_results(run_id="20250101-000000") -> RunResults:
                 off_by="1,100x below the expected 200 ms", floor=Floor(metric="f", value=1.0, unit="ms", note="n"),
                 plot="plots/h.png", warnings=("w",),
                 metrics=(MetricSummary(name="m", unit="ms", at={"ctx": 1}, n=3, mean=None, low=None, high=None, std=math.nan),),
-                executions=(ExecutionRef(key="k", notebook="p.ipynb", params={"ctx": 1}, status="ok", run_id=run_id,
-                                         cached=False, wall_s=2.5),),
+                executions=(Execution(key="k", notebook="p.ipynb", params={"ctx": 1}, status="ok", run_id=run_id,
+                                      reused=False, wall_s=2.5),),
             ),
         ),
     )
@@ -41,11 +41,11 @@ def test_run_results_round_trip(tmp_path):
     assert loaded.hypotheses[0].measured == original.hypotheses[0].measured
     assert loaded.hypotheses[0].floor == original.hypotheses[0].floor
     assert loaded.hypotheses[0].executions == original.hypotheses[0].executions
-    assert results.dumps(loaded.to_json()) == text
+    assert files.dumps({**loaded.to_json(), "format_version": results.FORMAT_VERSION}) == text
 
 
 def test_execution_round_trip(tmp_path):
-    record = ExecutionRecord(key="k", notebook="p.ipynb", params={"n": 1}, status="timeout", wall_s=3.0, run_id="r",
+    record = Execution(key="k", notebook="p.ipynb", params={"n": 1}, status="timeout", wall_s=3.0, run_id="r",
                              reason="timed out after 1 s in cell 3", cell_index=3,
                              records=(MetricRecord(name="t", unit="ms", samples=(1.0, math.inf), at={"n": 1}),))
     results.write_execution(tmp_path / "execution.json", record)
@@ -69,7 +69,7 @@ def test_newer_format_is_refused_and_older_is_upgraded(tmp_path, monkeypatch):
         return old
 
     monkeypatch.setitem(results.UPGRADES, 0, upgrade_0)
-    monkeypatch.setattr(results, "FORMAT_VERSION", 1)
+    monkeypatch.setitem(results.UPGRADES, 1, lambda old: old)
     data["format_version"] = 0
     data["hypotheses"][0]["outcome"] = data["hypotheses"][0].pop("verdict")
     path.write_text(json.dumps(data))
@@ -87,3 +87,25 @@ def test_malformed_results_name_the_file_and_field(tmp_path):
         results.load_all_results(project)
     assert caught.value.field == "hypotheses[0].verdict"
     assert caught.value.path.endswith("20250101-000000.json")
+
+
+def test_format_1_files_are_upgraded_to_one_execution_shape(tmp_path):
+    """A committed version-1 results file (`cached`) and a version-1 execution.json (`cached_from`)."""
+    project = Project(tmp_path)
+    data = sample_results().to_json()
+    data["format_version"] = 1
+    (ref,) = data["hypotheses"][0]["executions"]
+    for key in ("reason", "cell_index", "ename", "evalue", "reused"):
+        ref.pop(key)
+    ref.update(cached=True, run_id="20240101-000000")
+    project.results_dir.mkdir(parents=True)
+    (project.results_dir / "20250101-000000.json").write_text(json.dumps(data))
+    (loaded,) = results.load_all_results(project)
+    (x,) = loaded.hypotheses[0].executions
+    assert x.reused and x.run_id == "20240101-000000" and x.wall_s == 2.5
+
+    old = {"format_version": 1, "key": "k", "notebook": "p.ipynb", "params": {}, "status": "ok", "wall_s": 1.0,
+           "run_id": "20250102-000000", "cached_from": "20240101-000000", "records": []}
+    (tmp_path / "execution.json").write_text(json.dumps(old))
+    back = results.read_execution(tmp_path / "execution.json")
+    assert back.reused and back.run_id == "20240101-000000"

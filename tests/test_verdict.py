@@ -6,9 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perfkit.experiment.hypothesis import Expect, Hypothesis, Probe, Sweep
+from perfkit.experiment.hypothesis import Hypothesis, Probe, Sweep
+from perfkit.experiment.kinds import Expect, expectation
 from perfkit.phases import BREAKDOWN, STEP
-from perfkit.experiment.results import ExecutionRecord, MetricRecord
+from perfkit.experiment.results import Execution
+from perfkit.samples import MetricRecord
 from perfkit.experiment.verdict import Verdict, judge
 
 
@@ -17,8 +19,8 @@ def hyp(expect: Expect, sweep: Sweep | None = None) -> Hypothesis:
                       probe=Probe(notebook="p.ipynb", sweep=sweep), tags=(), path=Path("h.yaml"), hash="0")
 
 
-def run(*records: MetricRecord, params=None, status="ok", reason=None) -> ExecutionRecord:
-    return ExecutionRecord(key="k", notebook="p.ipynb", params=params or {}, status=status, wall_s=1.0, run_id="r",
+def run(*records: MetricRecord, params=None, status="ok", reason=None) -> Execution:
+    return Execution(key="k", notebook="p.ipynb", params=params or {}, status=status, wall_s=1.0, run_id="r",
                            reason=reason, records=tuple(records))
 
 
@@ -28,7 +30,7 @@ def metric(name, mean, *, n=30, unit="ms", spread=0.02, at=None, breakdown=None,
     return MetricRecord(name=name, unit=unit, samples=samples, at=at, breakdown=breakdown)
 
 
-COST = Expect(kind="cost", metric="mask", unit="ms", value=200.0, factor=3.0)
+COST = expectation(kind="cost", metric="mask", unit="ms", value=200.0, factor=3.0)
 
 
 def test_cost_refuted_says_how_far_off():
@@ -76,12 +78,12 @@ def test_unit_mismatch_is_an_error_not_evidence():
 
 
 def test_bounds_and_floor():
-    at_most = Expect(kind="at_most", metric="t", unit="ms", value=2.0)
+    at_most = expectation(kind="at_most", metric="t", unit="ms", value=2.0)
     assert judge(hyp(at_most), [run(metric("t", 1.0))]).verdict is Verdict.CONFIRMED
     assert judge(hyp(at_most), [run(metric("t", 3.0))]).verdict is Verdict.REFUTED
-    at_least = Expect(kind="at_least", metric="t", unit="tok/s", value=5.0)
+    at_least = expectation(kind="at_least", metric="t", unit="tok/s", value=5.0)
     assert judge(hyp(at_least), [run(metric("t", 4.0, unit="tok/s"))]).verdict is Verdict.REFUTED
-    floored = Expect(kind="at_most", metric="t", unit="ms", floor="roof", factor=2.0)
+    floored = expectation(kind="at_most", metric="t", unit="ms", floor="roof", factor=2.0)
     floor = MetricRecord(name="roof", unit="s", samples=(0.001,), note="bytes / bandwidth")
     j = judge(hyp(floored), [run(metric("t", 2.5), floor)])
     assert j.verdict is Verdict.REFUTED
@@ -91,9 +93,9 @@ def test_bounds_and_floor():
 
 def test_selector_chooses_among_points():
     records = [metric("t", 1.0, at={"ctx": 1024}), metric("t", 50.0, at={"ctx": 65536})]
-    many = judge(hyp(Expect(kind="at_most", metric="t", unit="ms", value=10.0)), [run(*records)])
+    many = judge(hyp(expectation(kind="at_most", metric="t", unit="ms", value=10.0)), [run(*records)])
     assert many.verdict is Verdict.INCONCLUSIVE and "add expect.at" in many.reason
-    chosen = Expect(kind="at_most", metric="t", unit="ms", value=10.0, at={"ctx": 65536})
+    chosen = expectation(kind="at_most", metric="t", unit="ms", value=10.0, at={"ctx": 65536})
     assert judge(hyp(chosen), [run(*records)]).verdict is Verdict.REFUTED
 
 
@@ -109,18 +111,18 @@ def breakdown(step_ms, parts, n=30):
 
 def test_share_of_step_paired():
     records = breakdown(190.0, {"prepare_for_verify": 0.18, "verify_forward": 150.0, "unattributed": 39.82})
-    dominates = Expect(kind="share", metric="prepare_for_verify", of=STEP, at_least=0.5)
+    dominates = expectation(kind="share", metric="prepare_for_verify", of=STEP, at_least=0.5)
     j = judge(hyp(dominates), [run(*records)])
     assert j.verdict is Verdict.REFUTED
     assert j.measured.value == pytest.approx(100 * 0.18 / 190, rel=1e-6)
     assert j.measured.high - j.measured.low < 1e-6  # paired: the phase moves with its step
-    small = Expect(kind="share", metric="unattributed", of=STEP, at_most=0.1)
+    small = expectation(kind="share", metric="unattributed", of=STEP, at_most=0.1)
     assert judge(hyp(small), [run(*records)]).verdict is Verdict.REFUTED
 
 
 def test_scaling_over_a_sweep():
     sweep = Sweep(param="ctx", values=(1024, 4096, 16384))
-    expect = Expect(kind="scaling", metric="mask", over="ctx", exponent=1.0, tolerance=0.25)
+    expect = expectation(kind="scaling", metric="mask", over="ctx", exponent=1.0, tolerance=0.25)
     linear = [run(metric("mask", 1e-4 * c), params={"ctx": c}) for c in sweep.values]
     j = judge(hyp(expect, sweep), linear)
     assert j.verdict is Verdict.CONFIRMED and j.measured.value == pytest.approx(1.0, abs=0.05)
@@ -132,11 +134,11 @@ def test_scaling_over_a_sweep():
 
 
 def test_speedup_for_times_and_rates():
-    expect = Expect(kind="speedup", baseline="heap", candidate="vec", at_least=100.0)
+    expect = expectation(kind="speedup", baseline="heap", candidate="vec", at_least=100.0)
     j = judge(hyp(expect), [run(metric("heap", 47.4), metric("vec", 0.1))])
     assert j.verdict is Verdict.CONFIRMED and j.measured.value == pytest.approx(474, rel=0.05)
     slow = judge(hyp(expect), [run(metric("heap", 1.0), metric("vec", 0.5))])
     assert slow.verdict is Verdict.REFUTED and re.fullmatch(r"(49|50|51)x below the claimed minimum speedup 100x", slow.off_by)
-    rates = Expect(kind="speedup", baseline="ar", candidate="spec", at_least=1.5)
+    rates = expectation(kind="speedup", baseline="ar", candidate="spec", at_least=1.5)
     j = judge(hyp(rates), [run(metric("ar", 10.0, unit="tok/s"), metric("spec", 25.0, unit="tok/s"))])
     assert j.verdict is Verdict.CONFIRMED and j.measured.value == pytest.approx(2.5, rel=0.05)

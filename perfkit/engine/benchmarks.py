@@ -94,7 +94,7 @@ def tree_build_figures(*, quick: bool, device: str = "cpu") -> list[dict]:
     import torch
 
     from perfkit.kernels.tree_build import build_tree_heap, build_tree_vectorized
-    from perfkit.stats import ratio_interval, seed_for
+    from perfkit.stats import ratio_interval
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     pairs = 12 if quick else 40
@@ -115,7 +115,7 @@ def tree_build_figures(*, quick: bool, device: str = "cpu") -> list[dict]:
                     sync()
                     if i >= 2:
                         times[name].append(time.perf_counter() - start)
-            speedup = ratio_interval(times["heap"], times["vectorized"], paired=True, seed=seed_for(f"tree_build/{batch}/{budget}"))
+            speedup = ratio_interval(times["heap"], times["vectorized"], paired=True)
             rows.append({
                 "batch": batch, "budget": budget, "pairs": pairs,
                 "heap_ms": statistics.median(times["heap"]) * 1e3,

@@ -15,34 +15,19 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from perfkit.files import write_atomic
-from perfkit.probe.recording import MIMETYPE, decode_samples
-from perfkit.experiment.results import MetricRecord
+from perfkit.experiment.results import Execution
+from perfkit.files import Reader, write_atomic
+from perfkit.samples import MIMETYPE, MetricRecord
 
 KERNEL_NAME = "perfkit"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _live: set[subprocess.Popen] = set()  # executions in flight, so an interrupted run can stop them
 _live_lock = threading.Lock()
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How an execution ended, where, and what it recorded."""
-
-    status: str  # ok | error | timeout | crashed
-    wall_s: float
-    reason: str | None = None
-    cell_index: int | None = None
-    ename: str | None = None
-    evalue: str | None = None
-    traceback: str = ""
-    records: tuple[MetricRecord, ...] = ()
-    cells: tuple[tuple[str, float, float], ...] = field(default=())  # (label, t0, t1) epoch seconds
 
 
 def ensure_kernelspec(directory: Path) -> Path:
@@ -94,25 +79,18 @@ def read_notebook(path: Path):
         return None
 
 
-def records_in(nb) -> list[MetricRecord]:
+def records_in(nb, shown: str = "executed notebook") -> list[MetricRecord]:
     """Every perfkit record displayed in an executed notebook, in order."""
     out = []
-    for cell in nb.cells:
+    for index, cell in enumerate(nb.cells):
         for output in cell.get("outputs", []):
-            payload = output.get("data", {}).get(MIMETYPE) if output.get("output_type") in ("display_data", "execute_result") else None
+            if output.get("output_type") not in ("display_data", "execute_result"):
+                continue
+            payload = output.get("data", {}).get(MIMETYPE)
             if payload is None:
                 continue
-            for item in payload.get("records", []):
-                out.append(
-                    MetricRecord(
-                        name=item["name"],
-                        unit=item["unit"],
-                        samples=tuple(decode_samples(item["samples"])),
-                        at=item.get("at"),
-                        note=item.get("note"),
-                        breakdown=item.get("breakdown"),
-                    )
-                )
+            for i, item in enumerate(payload.get("records", [])):
+                out.append(MetricRecord.from_json(Reader(item, shown, f"cells[{index}].records[{i}]")))
     return out
 
 
@@ -168,24 +146,30 @@ def kill_all() -> None:
 
 
 def execute(
+    planned: Execution,
     *,
     notebook: Path,
-    output: Path,
-    params: dict[str, Any],
+    exec_dir: Path,
+    run_id: str,
     cwd: Path,
     kernel_dir: Path,
     timeout_s: float,
     env: dict[str, str] | None = None,
-) -> Outcome:
-    """Execute `notebook` with `params` into `output`; never raises for what the probe does."""
-    output = Path(output)
+) -> Execution:
+    """Execute `notebook` with the planned parameters into exec_dir/executed.ipynb; never raises for what the probe does.
+
+    Returns the planned execution, ended: its status, wall time, records and, when it did not end
+    well, the reason naming the cell (the traceback goes to exec_dir/traceback.txt).
+    """
+    output = Path(exec_dir) / "executed.ipynb"
     output.parent.mkdir(parents=True, exist_ok=True)
     spec_path = output.with_name(output.stem + ".spec.json")
     outcome_path = output.with_name(output.stem + ".outcome.json")
     if outcome_path.exists():
         outcome_path.unlink()
     write_atomic(spec_path, json.dumps({
-        "notebook": str(notebook), "output": str(output), "params": params, "cwd": str(cwd), "outcome": str(outcome_path),
+        "notebook": str(notebook), "output": str(output), "params": planned.params, "cwd": str(cwd),
+        "outcome": str(outcome_path),
     }, indent=1))
     child_env = dict(os.environ)
     child_env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(kernel_dir), os.environ.get("JUPYTER_PATH")) if p)
@@ -211,37 +195,34 @@ def execute(
         finally:
             with _live_lock:
                 _live.discard(proc)
-    wall = time.monotonic() - started
+    ended = replace(planned, wall_s=round(time.monotonic() - started, 3), run_id=run_id, reused=False)
     nb = read_notebook(output)
-    records = tuple(records_in(nb)) if nb is not None else ()
-    cells = tuple(cell_times(nb)) if nb is not None else ()
+    records = tuple(records_in(nb, str(output))) if nb is not None else ()
     running = last_started_cell(nb) if nb is not None else None
     if timed_out:
         where = f"in {_cell_words(*running)}" if running else "before any cell ran (kernel start-up)"
-        return Outcome(status="timeout", wall_s=wall, reason=f"timed out after {timeout_s:g} s {where}",
-                       cell_index=running[0] if running else None, records=records, cells=cells)
+        return replace(ended, status="timeout", reason=f"timed out after {timeout_s:g} s {where}",
+                       cell_index=running[0] if running else None, records=records)
     try:
         told = json.loads(outcome_path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         told = {"status": "crashed", "ename": None, "evalue": f"the executor process exited with status {proc.returncode}"}
     status = told["status"]
     if status == "ok":
-        return Outcome(status="ok", wall_s=wall, records=records, cells=cells)
+        return replace(ended, status="ok", records=records)
+    if told.get("traceback"):
+        write_atomic(Path(exec_dir) / "traceback.txt", told["traceback"] + "\n")
     if status == "error" and told.get("cell_index") is not None:
         index = told["cell_index"]
-        where = _cell_words(index, told.get("source", ""))
-        reason = f"{notebook.name} {where}: {told['ename']}: {told['evalue']}"
+        reason = f"{notebook.name} {_cell_words(index, told.get('source', ''))}: {told['ename']}: {told['evalue']}"
     elif status == "crashed":
         index = running[0] if running else None
-        where = f"in {_cell_words(*running)}" if running else "before any cell ran"
-        reason = f"kernel died {where}"
+        reason = f"kernel died {f'in {_cell_words(*running)}' if running else 'before any cell ran'}"
     else:
         index = None
         reason = f"{notebook.name}: {told.get('ename')}: {told.get('evalue')}"
-    return Outcome(
-        status=status, wall_s=wall, reason=reason, cell_index=index, ename=told.get("ename"), evalue=told.get("evalue"),
-        traceback=told.get("traceback", ""), records=records, cells=cells,
-    )
+    return replace(ended, status=status, reason=reason, cell_index=index, ename=told.get("ename"),
+                   evalue=told.get("evalue"), records=records)
 
 
 def _exit_with_parent(parent: int) -> None:

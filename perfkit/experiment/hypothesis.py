@@ -39,30 +39,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from perfkit import units
 from perfkit.errors import RecordError, UserError
+from perfkit.experiment.checker import Checker, Located, is_number, type_name
+from perfkit.experiment.kinds import KINDS, Expect, all_keys
 from perfkit.paths import Project, find_project
 
-KINDS = ("cost", "at_most", "at_least", "share", "scaling", "speedup")
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]*$")
-DEFAULT_MIN_SAMPLES = 5
 
 _TOP_KEYS = {"id": True, "claim": True, "rationale": True, "expect": True, "probe": True, "tags": False}
 _PROBE_KEYS = {"notebook": True, "params": False, "quick": False, "sweep": False}
 _SWEEP_KEYS = {"param": True, "values": True, "quick": False}
-_COMMON_EXPECT = {"kind": True, "at": False, "min_samples": False}
-# kind -> {key: required}; "value | floor" is checked separately for cost / at_most / at_least.
-_EXPECT_KEYS: dict[str, dict[str, bool]] = {
-    "cost": {"metric": True, "unit": True, "factor": True, "value": False, "floor": False},
-    "at_most": {"metric": True, "unit": True, "value": False, "floor": False, "factor": False},
-    "at_least": {"metric": True, "unit": True, "value": False, "floor": False, "factor": False},
-    "share": {"metric": True, "of": True, "at_least": False, "at_most": False, "unit": False},
-    "scaling": {"metric": True, "over": True, "exponent": True, "tolerance": True},
-    "speedup": {"baseline": True, "candidate": True, "at_least": False, "at_most": False},
-}
 
 
 class ValidationFailed(UserError):
@@ -91,33 +78,6 @@ class Probe:
 
 
 @dataclass(frozen=True)
-class Expect:
-    """The expected cost. Which fields are set depends on `kind` (see KINDS)."""
-
-    kind: str
-    metric: str | None = None
-    unit: str | None = None
-    value: float | None = None
-    factor: float | None = None
-    floor: str | None = None
-    at: dict[str, Any] | None = None
-    of: str | None = None
-    at_least: float | None = None
-    at_most: float | None = None
-    over: str | None = None
-    exponent: float | None = None
-    tolerance: float | None = None
-    baseline: str | None = None
-    candidate: str | None = None
-    min_samples: int = DEFAULT_MIN_SAMPLES
-
-    def metrics(self) -> tuple[str, ...]:
-        """Every metric name the probe must record for this expectation."""
-        names = [self.metric, self.of, self.floor, self.baseline, self.candidate]
-        return tuple(n for n in names if n)
-
-
-@dataclass(frozen=True)
 class Hypothesis:
     id: str
     claim: str
@@ -129,139 +89,7 @@ class Hypothesis:
     hash: str  # of the parsed record; a verdict is stale when this changes
 
 
-# ---------------------------------------------------------------- YAML with line numbers
-
-
-class _Located:
-    """Plain data from YAML, plus the line of every key path, for file:line errors."""
-
-    def __init__(self, text: str, path: str):
-        self.path = path
-        self.lines: dict[tuple, int] = {}
-        self.errors: list[RecordError] = []
-        try:
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = mark.line + 1 if mark is not None else None
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise RecordError(f"not valid YAML: {problem}", path=path, line=line) from None
-        if node is None:
-            raise RecordError("empty file; expected a mapping with id, claim, rationale, expect, probe", path=path, line=1)
-        self.data = self._walk(node, ())
-
-    def _walk(self, node, where: tuple):
-        self.lines.setdefault(where, node.start_mark.line + 1)
-        if isinstance(node, yaml.MappingNode):
-            out: dict[Any, Any] = {}
-            for key_node, value_node in node.value:
-                key = self._scalar(key_node)
-                if key in out:
-                    self.errors.append(self.error(where + (key,), "duplicate key", line=key_node.start_mark.line + 1))
-                self.lines[where + (key,)] = key_node.start_mark.line + 1
-                out[key] = self._walk(value_node, where + (key,))
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            items = []
-            for i, item in enumerate(node.value):
-                self.lines[where + (i,)] = item.start_mark.line + 1
-                items.append(self._walk(item, where + (i,)))
-            return items
-        return self._scalar(node)
-
-    @staticmethod
-    def _scalar(node):
-        loader = yaml.SafeLoader("")
-        try:
-            return loader.construct_object(node, deep=True)
-        finally:
-            loader.dispose()
-
-    def line(self, where: tuple) -> int | None:
-        while where and where not in self.lines:
-            where = where[:-1]
-        return self.lines.get(where)
-
-    def error(self, where: tuple, message: str, *, line: int | None = None) -> RecordError:
-        name = ".".join(str(p) for p in where) or None
-        return RecordError(message, path=self.path, line=line or self.line(where), field=name)
-
-
-# ---------------------------------------------------------------- validation
-
-
-def _type_name(value: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
-            dict: "a mapping", type(None): "null"}.get(type(value), type(value).__name__)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-class _Checker:
-    """Walks one parsed record, collecting every error instead of stopping at the first."""
-
-    def __init__(self, doc: _Located):
-        self.doc = doc
-        self.errors = doc.errors
-
-    def fail(self, where: tuple, message: str) -> None:
-        self.errors.append(self.doc.error(where, message))
-
-    def keys(self, mapping: dict, where: tuple, allowed: dict[str, bool]) -> None:
-        for key in mapping:
-            if key not in allowed:
-                hint = ", ".join(sorted(allowed))
-                self.fail(where + (key,), f"unknown key; expected one of: {hint}")
-        for key, required in allowed.items():
-            if required and key not in mapping:
-                self.errors.append(self.doc.error(where + (key,), "missing; this key is required", line=self.doc.line(where)))
-
-    def mapping(self, value: Any, where: tuple) -> dict | None:
-        if not isinstance(value, dict):
-            self.fail(where, f"expected a mapping, got {_type_name(value)}")
-            return None
-        for key in value:
-            if not isinstance(key, str):
-                self.fail(where + (key,), f"keys must be strings, got {_type_name(key)}")
-        return value
-
-    def string(self, mapping: dict, key: str, where: tuple, *, pattern: re.Pattern | None = None, what: str = "") -> str | None:
-        if key not in mapping:
-            return None
-        value = mapping[key]
-        if not isinstance(value, str) or not value.strip():
-            self.fail(where + (key,), f"expected a non-empty string, got {_type_name(value)}")
-            return None
-        if pattern is not None and not pattern.match(value):
-            self.fail(where + (key,), f"{value!r} is not {what}")
-            return None
-        return value
-
-    def number(self, mapping: dict, key: str, where: tuple, *, positive: bool = False, at_least: float | None = None) -> float | None:
-        if key not in mapping:
-            return None
-        value = mapping[key]
-        if not _is_number(value):
-            self.fail(where + (key,), f"expected a number, got {_type_name(value)} {value!r}")
-            return None
-        if positive and not value > 0:
-            self.fail(where + (key,), f"expected a number > 0, got {value!r}")
-            return None
-        if at_least is not None and value < at_least:
-            self.fail(where + (key,), f"expected a number >= {at_least:g}, got {value!r}")
-            return None
-        return float(value)
-
-
-def _check_scalars(checker: _Checker, mapping: dict, where: tuple) -> None:
-    for key, value in mapping.items():
-        if not isinstance(value, (str, int, float, bool)):
-            checker.fail(where + (key,), f"expected a number, string or boolean, got {_type_name(value)}")
-
-
-def _check_expect(checker: _Checker, raw: Any) -> Expect | None:
+def _check_expect(checker: Checker, raw: Any) -> Expect | None:
     where = ("expect",)
     expect = checker.mapping(raw, where)
     if expect is None:
@@ -269,64 +97,9 @@ def _check_expect(checker: _Checker, raw: Any) -> Expect | None:
     kind = expect.get("kind")
     if kind not in KINDS:
         checker.fail(where + ("kind",), f"expected one of {', '.join(KINDS)}, got {kind!r}")
-        checker.keys(expect, where, {**_COMMON_EXPECT, **{k: False for keys in _EXPECT_KEYS.values() for k in keys}})
+        checker.keys(expect, where, all_keys())
         return None
-    allowed = {**_COMMON_EXPECT, **_EXPECT_KEYS[kind]}
-    errors_before = len(checker.errors)
-    checker.keys(expect, where, allowed)
-
-    fields: dict[str, Any] = {"kind": kind}
-    for key in ("metric", "of", "floor", "over", "baseline", "candidate"):
-        if key in allowed:
-            fields[key] = checker.string(expect, key, where, pattern=NAME, what="a metric or parameter name")
-    if "unit" in expect and "unit" in allowed:
-        unit = expect["unit"]
-        if not units.is_unit(unit):
-            checker.fail(where + ("unit",), f"unknown unit {unit!r}; expected one of: {', '.join(units.KNOWN_UNITS)}")
-        elif kind == "share" and units.dimension(unit) != "fraction":
-            checker.fail(where + ("unit",), f"a share is a fraction; expected 'fraction' or '%', got {unit!r}")
-        else:
-            fields["unit"] = unit
-    for key in ("value", "tolerance"):
-        if key in allowed:
-            fields[key] = checker.number(expect, key, where, positive=True)
-    if "factor" in allowed:
-        fields["factor"] = checker.number(expect, "factor", where, at_least=1.0 if kind == "cost" else None, positive=True)
-    if "exponent" in allowed:
-        fields["exponent"] = checker.number(expect, "exponent", where)
-    for key in ("at_least", "at_most"):
-        if key in allowed:
-            fields[key] = checker.number(expect, key, where, positive=kind == "speedup")
-    if "min_samples" in expect:
-        value = expect["min_samples"]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            checker.fail(where + ("min_samples",), f"expected an integer >= 1, got {value!r}")
-        else:
-            fields["min_samples"] = value
-    if "at" in expect:
-        at = checker.mapping(expect["at"], where + ("at",))
-        if at is not None:
-            _check_scalars(checker, at, where + ("at",))
-            fields["at"] = dict(at)
-
-    if kind in ("cost", "at_most", "at_least"):
-        has_value, has_floor = "value" in expect, "floor" in expect
-        if has_value == has_floor:
-            checker.errors.append(checker.doc.error(where + ("value",), "give exactly one of `value` (a number) or `floor` (a recorded floor metric)", line=checker.doc.line(where)))
-        if kind != "cost" and "factor" in expect and not has_floor:
-            checker.fail(where + ("factor",), "a bound's `factor` multiplies a `floor`; with a plain `value` write the bound itself")
-    if kind in ("share", "speedup") and "at_least" not in expect and "at_most" not in expect:
-        checker.errors.append(checker.doc.error(where + ("at_least",), "give `at_least` and/or `at_most`", line=checker.doc.line(where)))
-    if kind == "share":
-        scale = units.factor(fields.get("unit") or "fraction", "fraction")
-        for key in ("at_least", "at_most"):
-            if fields.get(key) is not None:
-                fields[key] *= scale
-                if not 0 <= fields[key] <= 1:
-                    checker.fail(where + (key,), f"a share lies between 0 and 1 (0% and 100%), got {expect[key]!r}")
-    if len(checker.errors) > errors_before:
-        return None
-    return Expect(**{k: v for k, v in fields.items() if v is not None})
+    return KINDS[kind].parse(checker, expect, where)
 
 
 def notebook_parameters(path: Path) -> dict[str, dict] | str:
@@ -366,14 +139,14 @@ def check_parameter(name: str, value: Any, declared: dict[str, dict]) -> str | N
     expected = _declared_type(declared[name])
     if expected is None:
         return None
-    if expected is float and _is_number(value):
+    if expected is float and is_number(value):
         return None
     if type(value) is not expected:
-        return f"expected {_type_name(expected())} like the notebook's default {declared[name]['default']}, got {_type_name(value)} {value!r}"
+        return f"expected {type_name(expected())} like the notebook's default {declared[name]['default']}, got {type_name(value)} {value!r}"
     return None
 
 
-def _check_probe(checker: _Checker, raw: Any, project: Project, notebook_cache: dict) -> Probe | None:
+def _check_probe(checker: Checker, raw: Any, project: Project, notebook_cache: dict) -> Probe | None:
     where = ("probe",)
     probe = checker.mapping(raw, where)
     if probe is None:
@@ -416,7 +189,7 @@ def _check_probe(checker: _Checker, raw: Any, project: Project, notebook_cache: 
     return Probe(notebook=notebook, params=dict(blocks.get("params", {})), quick=dict(blocks.get("quick", {})), sweep=sweep)
 
 
-def _check_sweep(checker: _Checker, raw: Any, declared: dict | None) -> Sweep | None:
+def _check_sweep(checker: Checker, raw: Any, declared: dict | None) -> Sweep | None:
     where = ("probe", "sweep")
     sweep = checker.mapping(raw, where)
     if sweep is None:
@@ -432,7 +205,7 @@ def _check_sweep(checker: _Checker, raw: Any, declared: dict | None) -> Sweep | 
             continue
         values = sweep[key]
         if not isinstance(values, list) or not values:
-            checker.fail(where + (key,), f"expected a non-empty list, got {_type_name(values)}")
+            checker.fail(where + (key,), f"expected a non-empty list, got {type_name(values)}")
             continue
         if len(set(map(repr, values))) != len(values):
             checker.fail(where + (key,), "values repeat; each sweep point runs once")
@@ -461,10 +234,10 @@ def load_hypothesis(path: Path, project: Project, *, notebook_cache: dict | None
     except (OSError, UnicodeDecodeError) as exc:
         raise ValidationFailed([RecordError(f"cannot read: {exc}", path=shown)]) from None
     try:
-        doc = _Located(text, shown)
+        doc = Located(text, shown)
     except RecordError as exc:
         raise ValidationFailed([exc]) from None
-    checker = _Checker(doc)
+    checker = Checker(doc)
     data = checker.mapping(doc.data, ())
     if data is None:
         raise ValidationFailed(checker.errors)

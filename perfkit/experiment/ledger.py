@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfkit import units
+from perfkit.errors import UserError
 from perfkit.experiment.hypothesis import load_hypotheses
+from perfkit.experiment.results import HypothesisResult, RunResults, load_all_results
 from perfkit.files import write_atomic
 from perfkit.paths import Project
-from perfkit.experiment.results import HypothesisResult, RunResults, load_all_results
 
 HEADER = (
     "# Ledger of hypotheses\n\n"
@@ -44,11 +45,14 @@ def _cell(text: str | None) -> str:
 
 
 def measured_text(result: HypothesisResult) -> str | None:
-    m = result.measured
-    if m is None:
+    return None if result.measured is None else result.measured.text()
+
+
+def flip_note(previous: str | None, current: str, *, mark: str = "") -> str | None:
+    """'flip (was refuted)' when a verdict changed from the previous run's; `mark` emphasizes the word."""
+    if previous is None or previous == current:
         return None
-    label = "" if m.label == "mean" else f"{m.label} "
-    return f"{label}{units.format_quantity(m.value, m.unit)} [{units.format_number(m.low)}, {units.format_number(m.high)}]"
+    return f"{mark}flip{mark} (was {previous})"
 
 
 def off_by_text(result: HypothesisResult) -> str | None:
@@ -84,8 +88,9 @@ def render(all_results: list[RunResults]) -> str:
         previous: Entry | None = None
         for entry in runs:
             notes = []
-            if previous is not None and entry.result.verdict != previous.result.verdict:
-                notes.append(f"**flip** (was {previous.result.verdict})")
+            flip = flip_note(previous.result.verdict if previous else None, entry.result.verdict, mark="**")
+            if flip:
+                notes.append(flip)
             if previous is not None and entry.result.hash != previous.result.hash:
                 notes.append("hypothesis edited")
             if entry.result.measured is None and entry.result.reason:
@@ -135,7 +140,6 @@ def check(project: Project) -> tuple[list[str], list[str]]:
 
 def describe(project: Project, hid: str) -> str:
     """`perfkit show ID`: the record as written, the latest evidence, and the history."""
-    from perfkit.errors import UserError
 
     hypotheses = {h.id: h for h in load_hypotheses(project)}
     entries = history(load_all_results(project))
@@ -176,13 +180,15 @@ def describe(project: Project, hid: str) -> str:
         lines += ["", "== probe executions"]
         for x in r.executions:
             params = " ".join(f"{k}={v}" for k, v in sorted(x.params.items()))
-            origin = f"reused from run {x.run_id}" if x.cached else f"run {x.run_id}"
-            lines.append(f"  {x.notebook} {params}: {x.status}, {x.wall_s:.1f} s, {origin} "
+            origin = f"reused from run {x.run_id}" if x.reused else f"run {x.run_id}"
+            wall = f"{x.wall_s:.1f} s" if x.wall_s is not None else "not timed"
+            lines.append(f"  {x.notebook} {params}: {x.status}, {wall}, {origin} "
                          f"(runs/{x.run_id}/executions/{x.key}/)")
     lines += ["", "== history"]
     previous = None
     for entry in runs:
-        flip = f"  FLIP (was {previous})" if previous and previous != entry.result.verdict else ""
-        lines.append(f"  {entry.run_id}  {entry.result.verdict:<13} {measured_text(entry.result) or entry.result.reason or ''}{flip}")
+        flip = flip_note(previous, entry.result.verdict)
+        lines.append(f"  {entry.run_id}  {entry.result.verdict:<13} {measured_text(entry.result) or entry.result.reason or ''}"
+                     + (f"  {flip}" if flip else ""))
         previous = entry.result.verdict
     return "\n".join(lines) + "\n"

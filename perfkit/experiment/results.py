@@ -4,161 +4,87 @@ Two kinds of file:
 - runs/<run-id>/executions/<key>/execution.json: one probe execution with its raw samples
   (heavy, gitignored).
 - hypotheses/ledger/results/<run-id>.json: the compact results of a run: per hypothesis the
-  verdict, the measured interval and metric summaries. Committed; the ledger is generated from
-  these alone.
+  verdict, the measured interval, metric summaries and its executions without their samples.
+  Committed; the ledger is generated from these alone.
 
-Format history (`format_version`):
-  1: first format.
-Older files are upgraded on load by the functions in UPGRADES (version n -> n + 1); a file newer
-than this perfkit is refused with a message instead of being half understood.
+One probe execution has one shape, `Execution`, from the moment it is planned (status
+"planned") to the stored result; the compact results hold the same record without its samples.
+
+Format history (`format_version`), the same numbers for both files:
+  1: first format; a reused execution named its origin in `cached_from` (execution.json) or
+     `cached` (results).
+  2: one execution shape in both files: `run_id` is the run that executed it, `reused` says the
+     run took it from there instead of executing it again.
+Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file is refused.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from perfkit import units
 from perfkit.errors import RecordError
-from perfkit.files import write_atomic
+from perfkit.files import Reader, encode_number, read_json, upgrade, write_json
 from perfkit.paths import Project
-from perfkit.probe.recording import decode_samples, encode_samples
+from perfkit.samples import MetricRecord
 
-FORMAT_VERSION = 1
-#: version n -> function turning a version-n dict into a version-(n + 1) dict.
-UPGRADES: dict[int, Callable[[dict], dict]] = {}
-
+FORMAT_VERSION = 2
 VERDICTS = ("confirmed", "refuted", "inconclusive", "error")
-STATUSES = ("ok", "error", "timeout", "crashed")
-
-
-class _Reader:
-    """Typed access to a parsed JSON dict that reports the file and field on any mismatch."""
-
-    def __init__(self, data: Any, path: str, where: str = ""):
-        if not isinstance(data, dict):
-            raise RecordError(f"expected an object, got {type(data).__name__}", path=path, field=where or None)
-        self.data, self.path, self.where = data, path, where
-
-    def _field(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def get(self, key: str, types: type | tuple[type, ...], *, optional: bool = False) -> Any:
-        if key not in self.data:
-            if optional:
-                return None
-            raise RecordError("missing", path=self.path, field=self._field(key))
-        value = self.data[key]
-        if value is None and optional:
-            return None
-        if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-            raise RecordError(f"expected {types}, got a boolean", path=self.path, field=self._field(key))
-        if not isinstance(value, types):
-            raise RecordError(f"expected {types}, got {type(value).__name__}", path=self.path, field=self._field(key))
-        return value
-
-    def number(self, key: str, *, optional: bool = False) -> float | None:
-        value = self.get(key, (int, float, str), optional=optional)
-        if value is None:
-            return None
-        try:
-            return decode_samples([value])[0]
-        except ValueError:
-            raise RecordError(f"expected a number, got {value!r}", path=self.path, field=self._field(key)) from None
-
-    def choice(self, key: str, choices: tuple[str, ...]) -> str:
-        value = self.get(key, str)
-        if value not in choices:
-            raise RecordError(f"expected one of {', '.join(choices)}, got {value!r}", path=self.path, field=self._field(key))
-        return value
-
-    def child(self, key: str, *, optional: bool = False) -> "_Reader | None":
-        value = self.get(key, dict, optional=optional)
-        return None if value is None else _Reader(value, self.path, self._field(key))
-
-    def children(self, key: str) -> list["_Reader"]:
-        return [_Reader(item, self.path, f"{self._field(key)}[{i}]") for i, item in enumerate(self.get(key, list))]
+PLANNED = "planned"
+STATUSES = (PLANNED, "ok", "error", "timeout", "crashed")
 
 
 def _number_json(value: float | None) -> float | str | None:
-    return None if value is None else encode_samples([value])[0]
+    return None if value is None else encode_number(value)
 
 
-# ---------------------------------------------------------------- raw: one probe execution
-
-
-@dataclass(frozen=True)
-class MetricRecord:
-    """One `perfkit.record` call as read back from an executed notebook."""
-
-    name: str
-    unit: str
-    samples: tuple[float, ...]
-    at: dict[str, Any] | None = None
-    note: str | None = None
-    breakdown: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "unit": self.unit, "samples": encode_samples(list(self.samples)),
-                "at": self.at, "note": self.note, "breakdown": self.breakdown}
-
-    @classmethod
-    def from_json(cls, reader: _Reader) -> "MetricRecord":
-        samples = reader.get("samples", list)
-        try:
-            decoded = decode_samples(samples)
-        except (ValueError, TypeError) as exc:
-            raise RecordError(str(exc), path=reader.path, field=f"{reader.where}.samples") from None
-        return cls(
-            name=reader.get("name", str),
-            unit=reader.get("unit", str),
-            samples=tuple(decoded),
-            at=reader.get("at", dict, optional=True),
-            note=reader.get("note", str, optional=True),
-            breakdown=reader.get("breakdown", str, optional=True),
-        )
+# ---------------------------------------------------------------- one probe execution
 
 
 @dataclass(frozen=True)
-class ExecutionRecord:
-    """One papermill execution of a probe: how it ended and what it recorded."""
+class Execution:
+    """One probe execution: planned, then executed (or reused), then stored."""
 
-    key: str
-    notebook: str
+    key: str  # hash of notebook bytes, parameters and perfkit source: equal keys measure the same thing
+    notebook: str  # under notebooks/
     params: dict[str, Any]
-    status: str  # one of STATUSES
-    wall_s: float
-    run_id: str  # the run that executed it (for a reused execution, the run it came from)
+    status: str = PLANNED  # one of STATUSES
+    wall_s: float | None = None
+    run_id: str | None = None  # the run that executed it
+    reused: bool = False  # a later run took it from run_id instead of executing it again
     reason: str | None = None  # why it did not end "ok", with the cell
     cell_index: int | None = None
     ename: str | None = None
     evalue: str | None = None
-    cached_from: str | None = None
     records: tuple[MetricRecord, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["records"] = [r.to_json() for r in self.records]
-        return {"format_version": FORMAT_VERSION, **data}
+    def label(self) -> str:
+        shown = " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+        return f"{self.notebook} {shown}".strip()
+
+    def to_json(self, *, with_records: bool = True) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if k != "records"}
+        if with_records:
+            data["records"] = [r.to_json() for r in self.records]
+        return data
 
     @classmethod
-    def from_json(cls, data: Any, path: str) -> "ExecutionRecord":
-        data = _upgrade(data, path)
-        r = _Reader(data, path)
+    def from_json(cls, r: Reader) -> Execution:
         return cls(
             key=r.get("key", str),
             notebook=r.get("notebook", str),
             params=r.get("params", dict),
             status=r.choice("status", STATUSES),
-            wall_s=r.number("wall_s"),
-            run_id=r.get("run_id", str),
+            wall_s=r.number("wall_s", optional=True),
+            run_id=r.get("run_id", str, optional=True),
+            reused=r.get("reused", bool),
             reason=r.get("reason", str, optional=True),
             cell_index=r.get("cell_index", int, optional=True),
             ename=r.get("ename", str, optional=True),
             evalue=r.get("evalue", str, optional=True),
-            cached_from=r.get("cached_from", str, optional=True),
-            records=tuple(MetricRecord.from_json(c) for c in r.children("records")),
+            records=tuple(MetricRecord.from_json(c) for c in r.children("records")) if "records" in r.data else (),
         )
 
 
@@ -174,6 +100,11 @@ class Measured:
     value: float
     low: float
     high: float
+
+    def text(self) -> str:
+        """'0.18 ms [0.16, 0.21]', 'share 2.47% [1.05, 4.17]': the one way a measured value is written."""
+        label = "" if self.label == "mean" else f"{self.label} "
+        return f"{label}{units.format_quantity(self.value, self.unit)} [{units.format_number(self.low)}, {units.format_number(self.high)}]"
 
 
 @dataclass(frozen=True)
@@ -200,17 +131,6 @@ class Floor:
 
 
 @dataclass(frozen=True)
-class ExecutionRef:
-    key: str
-    notebook: str
-    params: dict[str, Any]
-    status: str
-    run_id: str
-    cached: bool
-    wall_s: float
-
-
-@dataclass(frozen=True)
 class HypothesisResult:
     id: str
     hash: str
@@ -225,7 +145,67 @@ class HypothesisResult:
     plot: str | None = None  # relative to hypotheses/ledger/
     warnings: tuple[str, ...] = ()
     metrics: tuple[MetricSummary, ...] = ()
-    executions: tuple[ExecutionRef, ...] = ()
+    executions: tuple[Execution, ...] = ()  # without their records
+
+    def to_json(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if k != "executions"}
+        if data["measured"]:
+            for key in ("value", "low", "high"):
+                data["measured"][key] = _number_json(data["measured"][key])
+        for m in data["metrics"]:
+            for key in ("mean", "low", "high", "std"):
+                m[key] = _number_json(m[key])
+        data["executions"] = [x.to_json(with_records=False) for x in self.executions]
+        return data
+
+    @classmethod
+    def from_json(cls, r: Reader) -> HypothesisResult:
+        m = r.child("measured", optional=True)
+        f = r.child("floor", optional=True)
+        return cls(
+            id=r.get("id", str),
+            hash=r.get("hash", str),
+            claim=r.get("claim", str),
+            kind=r.get("kind", str),
+            expected=r.get("expected", str),
+            verdict=r.choice("verdict", VERDICTS),
+            reason=r.get("reason", str, optional=True),
+            measured=None
+            if m is None
+            else Measured(
+                label=m.get("label", str),
+                unit=m.get("unit", str, optional=True),
+                value=m.number("value"),
+                low=m.number("low"),
+                high=m.number("high"),
+            ),
+            off_by=r.get("off_by", str, optional=True),
+            floor=None
+            if f is None
+            else Floor(
+                metric=f.get("metric", str),
+                value=f.number("value"),
+                unit=f.get("unit", str),
+                note=f.get("note", str, optional=True),
+            ),
+            plot=r.get("plot", str, optional=True),
+            warnings=tuple(r.get("warnings", list)),
+            metrics=tuple(
+                MetricSummary(
+                    name=c.get("name", str),
+                    unit=c.get("unit", str),
+                    at=c.get("at", dict, optional=True),
+                    n=c.get("n", int),
+                    mean=c.number("mean", optional=True),
+                    low=c.number("low", optional=True),
+                    high=c.number("high", optional=True),
+                    std=c.number("std", optional=True),
+                    note=c.get("note", str, optional=True),
+                )
+                for c in r.children("metrics")
+            ),
+            executions=tuple(Execution.from_json(c) for c in r.children("executions")),
+        )
 
 
 @dataclass(frozen=True)
@@ -239,20 +219,13 @@ class RunResults:
     hypotheses: tuple[HypothesisResult, ...] = field(default_factory=tuple)
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        for h in data["hypotheses"]:
-            if h["measured"]:
-                for key in ("value", "low", "high"):
-                    h["measured"][key] = _number_json(h["measured"][key])
-            for m in h["metrics"]:
-                for key in ("mean", "low", "high", "std"):
-                    m[key] = _number_json(m[key])
-        return {"format_version": FORMAT_VERSION, **data}
+        data = {k: v for k, v in asdict(self).items() if k != "hypotheses"}
+        data["hypotheses"] = [h.to_json() for h in self.hypotheses]
+        return data
 
     @classmethod
-    def from_json(cls, data: Any, path: str) -> "RunResults":
-        data = _upgrade(data, path)
-        r = _Reader(data, path)
+    def from_json(cls, data: Any, path: str) -> RunResults:
+        r = Reader(upgrade(data, path, current=FORMAT_VERSION, upgrades=UPGRADES), path)
         return cls(
             run_id=r.get("run_id", str),
             created=r.get("created", str),
@@ -260,96 +233,47 @@ class RunResults:
             quick=r.get("quick", bool),
             git_commit=r.get("git_commit", str, optional=True),
             git_dirty=r.get("git_dirty", bool, optional=True),
-            hypotheses=tuple(_hypothesis_result(h) for h in r.children("hypotheses")),
+            hypotheses=tuple(HypothesisResult.from_json(h) for h in r.children("hypotheses")),
         )
 
 
-def _hypothesis_result(r: _Reader) -> HypothesisResult:
-    m = r.child("measured", optional=True)
-    f = r.child("floor", optional=True)
-    return HypothesisResult(
-        id=r.get("id", str),
-        hash=r.get("hash", str),
-        claim=r.get("claim", str),
-        kind=r.get("kind", str),
-        expected=r.get("expected", str),
-        verdict=r.choice("verdict", VERDICTS),
-        reason=r.get("reason", str, optional=True),
-        measured=None if m is None else Measured(
-            label=m.get("label", str), unit=m.get("unit", str, optional=True),
-            value=m.number("value"), low=m.number("low"), high=m.number("high"),
-        ),
-        off_by=r.get("off_by", str, optional=True),
-        floor=None if f is None else Floor(
-            metric=f.get("metric", str), value=f.number("value"), unit=f.get("unit", str),
-            note=f.get("note", str, optional=True),
-        ),
-        plot=r.get("plot", str, optional=True),
-        warnings=tuple(r.get("warnings", list)),
-        metrics=tuple(
-            MetricSummary(
-                name=c.get("name", str), unit=c.get("unit", str), at=c.get("at", dict, optional=True),
-                n=c.get("n", int), mean=c.number("mean", optional=True), low=c.number("low", optional=True),
-                high=c.number("high", optional=True), std=c.number("std", optional=True),
-                note=c.get("note", str, optional=True),
-            )
-            for c in r.children("metrics")
-        ),
-        executions=tuple(
-            ExecutionRef(
-                key=c.get("key", str), notebook=c.get("notebook", str), params=c.get("params", dict),
-                status=c.choice("status", STATUSES), run_id=c.get("run_id", str), cached=c.get("cached", bool),
-                wall_s=c.number("wall_s"),
-            )
-            for c in r.children("executions")
-        ),
-    )
+# ---------------------------------------------------------------- format history
 
 
-def _upgrade(data: Any, path: str) -> dict:
-    if not isinstance(data, dict):
-        raise RecordError("expected a JSON object", path=path)
-    version = data.get("format_version")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise RecordError(f"missing or invalid format_version: {version!r}", path=path, field="format_version")
-    if version > FORMAT_VERSION:
-        raise RecordError(
-            f"format_version {version} is newer than this perfkit understands ({FORMAT_VERSION}); upgrade perfkit",
-            path=path, field="format_version",
-        )
-    while version < FORMAT_VERSION:
-        if version not in UPGRADES:
-            raise RecordError(f"no upgrade from format_version {version}", path=path, field="format_version")
-        data = UPGRADES[version](data)
-        version += 1
-        data["format_version"] = version
-    return data
+def _execution_1_to_2(old: dict) -> dict:
+    """execution.json: `cached_from` (the origin of a reused execution) becomes `run_id` + `reused`."""
+    origin = old.pop("cached_from", None)
+    return {**old, "run_id": origin or old.get("run_id"), "reused": origin is not None}
+
+
+def _results_1_to_2(old: dict) -> dict:
+    """results: each execution reference `cached` becomes `reused`; `run_id` already named its origin."""
+    for h in old.get("hypotheses", []):
+        for x in h.get("executions", []):
+            if isinstance(x, dict) and "cached" in x:
+                x["reused"] = x.pop("cached")
+    return old
+
+
+def _1_to_2(old: dict) -> dict:
+    return _results_1_to_2(old) if "hypotheses" in old else _execution_1_to_2(old)
+
+
+#: version n -> function turning a version-n dict into a version-(n + 1) dict (either file).
+UPGRADES: dict[int, Callable[[dict], dict]] = {1: _1_to_2}
 
 
 # ---------------------------------------------------------------- files
 
 
-def dumps(data: dict) -> str:
-    """Stable JSON text: sorted keys, fixed indentation, newline at the end."""
-    return json.dumps(data, sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+def write_execution(path: Path, execution: Execution) -> None:
+    write_json(path, execution.to_json(), version=FORMAT_VERSION)
 
 
-def _read_json(path: Path, shown: str) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecordError(f"cannot read: {exc}", path=shown) from None
-    except json.JSONDecodeError as exc:
-        raise RecordError(f"not valid JSON: {exc.msg}", path=shown, line=exc.lineno) from None
-
-
-def write_execution(path: Path, record: ExecutionRecord) -> None:
-    write_atomic(path, dumps(record.to_json()))
-
-
-def read_execution(path: Path, shown: str | None = None) -> ExecutionRecord:
+def read_execution(path: Path, shown: str | None = None) -> Execution:
     shown = shown or str(path)
-    return ExecutionRecord.from_json(_read_json(path, shown), shown)
+    data = upgrade(read_json(path, shown), shown, current=FORMAT_VERSION, upgrades=UPGRADES)
+    return Execution.from_json(Reader(data, shown))
 
 
 def results_path(project: Project, run_id: str) -> Path:
@@ -358,7 +282,7 @@ def results_path(project: Project, run_id: str) -> Path:
 
 def write_results(project: Project, results: RunResults) -> Path:
     path = results_path(project, results.run_id)
-    write_atomic(path, dumps(results.to_json()))
+    write_json(path, results.to_json(), version=FORMAT_VERSION)
     return path
 
 
@@ -369,7 +293,7 @@ def load_all_results(project: Project) -> list[RunResults]:
     out = []
     for path in sorted(project.results_dir.glob("*.json")):
         shown = project.relative(path)
-        results = RunResults.from_json(_read_json(path, shown), shown)
+        results = RunResults.from_json(read_json(path, shown), shown)
         if results.run_id != path.stem:
             raise RecordError(f"run_id {results.run_id!r} differs from the file name", path=shown, field="run_id")
         out.append(results)

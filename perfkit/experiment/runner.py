@@ -1,18 +1,16 @@
-"""A run: plan the probe executions the hypotheses need, execute (or reuse) them, judge, plot, ledger.
+"""A run: plan the probe executions, execute (or reuse) them, judge, then write plots, results and ledger.
 
-Each distinct (notebook, parameters) pair runs once even when several hypotheses read it. An
-execution whose notebook, parameters and perfkit source are unchanged is reused from the latest
-run that has it, unless forced, and the output says so.
+`run` is those four steps, each a function with typed inputs and outputs:
+plan (perfkit/experiment/plan.py) -> `execute` -> `judge_all` -> `write`. The run's manifest
+(runs/<run-id>/manifest.json) is written first as "running" and always ends "finished" or
+"interrupted", with every execution that had ended by then.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
 import json
 import os
 import platform
-import subprocess
 import sys
 import threading
 import time
@@ -23,40 +21,70 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
-from perfkit.experiment import execute as executor
-from perfkit.experiment import ledger
-from perfkit.experiment import plots
+from perfkit import stats
 from perfkit.errors import UserError
-from perfkit.experiment.hypothesis import Hypothesis, check_parameter, load_hypotheses, notebook_parameters
-from perfkit.files import write_atomic
-from perfkit.paths import Project
-from perfkit.phases import BREAKDOWN, STEP
+from perfkit.experiment import execute as executor
+from perfkit.experiment import ledger, plots
+from perfkit.experiment.hypothesis import Hypothesis, load_hypotheses
+from perfkit.experiment.plan import Plan, parse_overrides, plan, source_tree_hash
 from perfkit.experiment.results import (
-    ExecutionRecord, ExecutionRef, HypothesisResult, MetricSummary, RunResults, dumps, read_execution,
-    write_execution, write_results,
+    Execution, HypothesisResult, MetricSummary, RunResults, read_execution, write_execution, write_results,
 )
-from perfkit.stats import is_clean, mean_interval, seed_for, summarize
-from perfkit.experiment.verdict import Judgement, Verdict, effective_points, judge
+from perfkit.experiment.verdict import Judgement, Point, Verdict, effective_points, judge
+from perfkit.files import write_atomic, write_json
+from perfkit.machine import snapshot, utilization
+from perfkit.paths import Project, git_state
+
+__all__ = ["DEFAULT_TIMEOUT_S", "INJECTED_TAG", "PROFILERS", "RunOptions", "RunReport", "parse_overrides", "run"]
 
 PROFILERS = ("torch",)
 INJECTED_TAG = "perfkit-injected"
 DEFAULT_TIMEOUT_S = 600.0
+#: Format history of runs/<run-id>/manifest.json (`format_version`):
+#:   1: first format (with a top-level `git` beside the environment's).
+#:   2: the project's git state is recorded once, in `git`; statuses running | finished | interrupted.
+MANIFEST_VERSION = 2
 
 
 @dataclass(frozen=True)
-class Planned:
-    """One distinct probe execution and the hypotheses that read it."""
+class RunOptions:
+    quick: bool = False
+    jobs: int = 1
+    overrides: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    force: bool = False
+    profile: str | None = None
+    command: str = ""
 
-    key: str
-    notebook: str
-    params: dict[str, Any]
-    hypotheses: tuple[str, ...]
+    def check(self) -> None:
+        if self.jobs < 1:
+            raise UserError(f"--jobs must be at least 1, got {self.jobs}")
+        if self.timeout_s <= 0:
+            raise UserError(f"--timeout must be positive, got {self.timeout_s}")
+        if self.profile is not None and self.profile not in PROFILERS:
+            raise UserError(f"--profile: expected one of {', '.join(PROFILERS)}, got {self.profile!r}")
 
-    def label(self) -> str:
-        shown = " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
-        return f"{self.notebook} {shown}".strip()
+
+@dataclass(frozen=True)
+class RunDir:
+    """Where one run keeps its evidence: runs/<run-id>/."""
+
+    run_id: str
+    path: Path
+    created: str  # UTC, ISO 8601
+
+    def execution_dir(self, key: str) -> Path:
+        return self.path / "executions" / key
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One hypothesis judged: the verdict and the evidence it came from."""
+
+    hypothesis: Hypothesis
+    judgement: Judgement
+    executions: tuple[Execution, ...]
+    points: tuple[Point, ...]
 
 
 @dataclass
@@ -70,98 +98,68 @@ class RunReport:
     judgements: dict[str, Judgement] = field(default_factory=dict)
 
 
-def source_tree_hash() -> str:
-    """Hash of the perfkit package's files: a change in the framework or engine invalidates the cache."""
-    root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        parts = path.relative_to(root).parts
-        if "__pycache__" in parts or any(p.startswith(".") for p in parts) or path.suffix == ".pyc" or not path.is_file():
+class _Printer:
+    """Progress lines from several worker threads, one line at a time."""
+
+    def __init__(self, out: Callable[[str], None]):
+        self.out = out
+        self.lock = threading.Lock()
+
+    def __call__(self, text: str) -> None:
+        with self.lock:
+            self.out(text)
+
+
+# ---------------------------------------------------------------- the run directory and its manifest
+
+
+def new_run_dir(project: Project) -> RunDir:
+    """A run id that sorts by time and is claimed atomically (mkdir) against concurrent runs."""
+    project.runs_dir.mkdir(parents=True, exist_ok=True)
+    now = datetime.now(timezone.utc)
+    base = now.strftime("%Y%m%d-%H%M%S")
+    for n in range(1, 1000):
+        run_id = base if n == 1 else f"{base}-{n}"
+        if (project.results_dir / f"{run_id}.json").exists():
             continue
-        digest.update(path.relative_to(root).as_posix().encode())
-        digest.update(b"\0")
-        digest.update(path.read_bytes())
-        digest.update(b"\0")
-    return digest.hexdigest()[:16]
-
-
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """`K=V` strings to parameters; V is read as YAML so 4096 is an int and 0.5 a float."""
-    out = {}
-    for pair in pairs:
-        name, sep, text = pair.partition("=")
-        if not sep or not name.strip():
-            raise UserError(f"--param expects NAME=VALUE, got {pair!r}")
         try:
-            out[name.strip()] = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError:
-            raise UserError(f"--param {name}: cannot read value {text!r}") from None
-    return out
+            (project.runs_dir / run_id).mkdir()
+        except FileExistsError:
+            continue
+        return RunDir(run_id=run_id, path=project.runs_dir / run_id, created=now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    raise UserError(f"cannot find a free run id under {project.runs_dir}")
 
 
-def execution_key(notebook_bytes: bytes, params: dict[str, Any], source_hash: str, profile: str | None) -> str:
-    digest = hashlib.sha256(notebook_bytes)
-    digest.update(json.dumps(params, sort_keys=True, default=str).encode())
-    digest.update(source_hash.encode())
-    digest.update((profile or "").encode())
-    return digest.hexdigest()[:16]
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
 
 
-def plan(
-    project: Project,
-    hypotheses: list[Hypothesis],
-    *,
-    quick: bool,
-    overrides: dict[str, Any],
-    source_hash: str,
-    profile: str | None,
-    note: Callable[[str], None] = print,
-) -> tuple[list[Planned], dict[str, list[str]]]:
-    """The distinct executions, and for each hypothesis the keys of the executions it reads."""
-    declared_cache: dict[str, dict] = {}
-    used_overrides: set[str] = set()
-    by_key: dict[str, Planned] = {}
-    needs: dict[str, list[str]] = {}
-    for h in hypotheses:
-        path = project.notebooks_dir / h.probe.notebook
-        if h.probe.notebook not in declared_cache:
-            declared_cache[h.probe.notebook] = notebook_parameters(path)
-        declared = declared_cache[h.probe.notebook]
-        params = dict(h.probe.params)
-        if quick:
-            params.update(h.probe.quick)
-        for name, value in overrides.items():
-            if name in declared:
-                problem = check_parameter(name, value, declared)
-                if problem:
-                    raise UserError(f"--param {name}={value!r}: {problem} ({h.probe.notebook})")
-                params[name] = value
-                used_overrides.add(name)
-        points = [params]
-        sweep = h.probe.sweep
-        if sweep is not None:
-            if sweep.param in overrides:
-                note(f"note: {h.id} sweeps {sweep.param}; --param {sweep.param} does not apply to it")
-            values = sweep.quick if quick and sweep.quick else sweep.values
-            points = [{**params, sweep.param: v} for v in values]
-        notebook_bytes = path.read_bytes()
-        keys = []
-        for point in points:
-            key = execution_key(notebook_bytes, point, source_hash, profile)
-            if key in by_key:
-                existing = by_key[key]
-                by_key[key] = Planned(key, existing.notebook, existing.params, existing.hypotheses + (h.id,))
-            else:
-                by_key[key] = Planned(key, h.probe.notebook, point, (h.id,))
-            keys.append(key)
-        needs[h.id] = keys
-    unused = sorted(set(overrides) - used_overrides)
-    if unused:
-        raise UserError(f"--param {', '.join(unused)}: no selected probe declares it")
-    return list(by_key.values()), needs
+def _manifest(project: Project, run_dir: RunDir, hypotheses: list[Hypothesis], options: RunOptions,
+              source_hash: str) -> dict[str, Any]:
+    commit, dirty = git_state(project.root)
+    return {
+        "run_id": run_dir.run_id, "created": run_dir.created, "status": "running",
+        "command": options.command or " ".join(sys.argv), "cwd": os.getcwd(), "git": {"commit": commit, "dirty": dirty},
+        "versions": {name: _version(name) for name in ("perfkit", "torch", "papermill", "nbclient", "numpy")}
+        | {"python": platform.python_version()},
+        "options": {"quick": options.quick, "jobs": options.jobs, "timeout_s": options.timeout_s, "force": options.force,
+                    "profile": options.profile, "overrides": options.overrides,
+                    "hypotheses": [h.id for h in hypotheses]},
+        "perfkit_source": source_hash,
+    }
 
 
-def find_cached(project: Project, key: str, current_run: str) -> ExecutionRecord | None:
+def _write_manifest(run_dir: RunDir, manifest: dict[str, Any]) -> None:
+    write_json(run_dir.path / "manifest.json", json.loads(json.dumps(manifest, default=str)), version=MANIFEST_VERSION)
+
+
+# ---------------------------------------------------------------- execute (or reuse)
+
+
+def find_cached(project: Project, key: str, current_run: str) -> Execution | None:
     """The latest earlier execution with this key that ended well."""
     if not project.runs_dir.is_dir():
         return None
@@ -170,54 +168,10 @@ def find_cached(project: Project, key: str, current_run: str) -> ExecutionRecord
             continue
         path = run_dir / "executions" / key / "execution.json"
         if path.is_file():
-            record = read_execution(path, project.relative(path))
-            if record.status == "ok" and record.key == key:
-                return record
+            found = read_execution(path, project.relative(path))
+            if found.status == "ok" and found.key == key:
+                return found
     return None
-
-
-def new_run_id(project: Project) -> str:
-    """A run id that sorts by time and is claimed atomically (mkdir) against concurrent runs."""
-    project.runs_dir.mkdir(parents=True, exist_ok=True)
-    base = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    for n in range(1, 1000):
-        run_id = base if n == 1 else f"{base}-{n}"
-        if (project.results_dir / f"{run_id}.json").exists():
-            continue
-        try:
-            (project.runs_dir / run_id).mkdir()
-            return run_id
-        except FileExistsError:
-            continue
-    raise UserError(f"cannot find a free run id under {project.runs_dir}")
-
-
-def _optional(module: str):
-    """A module another part of perfkit provides, or None (with the reason) when it is absent."""
-    try:
-        return importlib.import_module(module), None
-    except ModuleNotFoundError as exc:
-        if exc.name != module:
-            raise
-        return None, f"{module} is not available"
-
-
-def _git(project: Project) -> tuple[str | None, bool | None]:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project.root, capture_output=True, text=True, timeout=20)
-        status = subprocess.run(["git", "status", "--porcelain"], cwd=project.root, capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None, None
-    if commit.returncode != 0:
-        return None, None
-    return commit.stdout.strip(), bool(status.stdout.strip()) if status.returncode == 0 else None
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _profiled_notebook(source: Path, target: Path, trace_path: str) -> Path:
@@ -236,86 +190,134 @@ def _profiled_notebook(source: Path, target: Path, trace_path: str) -> Path:
     return target
 
 
-class _Printer:
-    """Progress lines from several worker threads, one line at a time."""
-
-    def __init__(self, out: Callable[[str], None]):
-        self.out = out
-        self.lock = threading.Lock()
-
-    def __call__(self, text: str) -> None:
-        with self.lock:
-            self.out(text)
-
-
-def _execute_one(
-    project: Project,
-    run_dir: Path,
-    run_id: str,
-    planned: Planned,
-    *,
-    timeout_s: float,
-    kernel_dir: Path,
-    profile: str | None,
-    tag: str,
-    say: _Printer,
-) -> ExecutionRecord:
-    exec_dir = run_dir / "executions" / planned.key
+def _execute_one(project: Project, run_dir: RunDir, planned: Execution, options: RunOptions, *, kernel_dir: Path,
+                 tag: str, say: _Printer) -> Execution:
+    exec_dir = run_dir.execution_dir(planned.key)
     exec_dir.mkdir(parents=True, exist_ok=True)
-    source = project.notebooks_dir / planned.notebook
+    notebook = project.notebooks_dir / planned.notebook
     env = {}
-    notebook = source
-    if profile == "torch":
+    if options.profile == "torch":
         trace = exec_dir / "torch_trace.json"
         env["PERFKIT_TORCH_PROFILE"] = str(trace)
-        notebook = _profiled_notebook(source, exec_dir / "input.ipynb", str(trace))
-    utilization, why_not = _optional("perfkit.machine.utilization")
-    sampler = utilization.Sampler(interval_s=0.25) if utilization else None
+        notebook = _profiled_notebook(notebook, exec_dir / "input.ipynb", str(trace))
+    sampler = utilization.Sampler(interval_s=0.25)
     say(f"{tag} start    {planned.label()}")
-    if sampler:
-        sampler.start()
+    sampler.start()
     try:
-        outcome = executor.execute(
-            notebook=notebook, output=exec_dir / "executed.ipynb", params=planned.params, cwd=project.notebooks_dir,
-            kernel_dir=kernel_dir, timeout_s=timeout_s, env=env,
-        )
+        ended = executor.execute(planned, notebook=notebook, exec_dir=exec_dir, run_id=run_dir.run_id,
+                                 cwd=project.notebooks_dir, kernel_dir=kernel_dir, timeout_s=options.timeout_s, env=env)
     finally:
-        trace_data = sampler.stop() if sampler else None
-    if trace_data is not None:
-        write_atomic(exec_dir / "utilization.json", json.dumps(trace_data, indent=1, default=str) + "\n")
-        utilization.plot_trace(trace_data, exec_dir / "utilization.png", intervals=list(outcome.cells))
-    record = ExecutionRecord(
-        key=planned.key, notebook=planned.notebook, params=planned.params, status=outcome.status,
-        wall_s=round(outcome.wall_s, 3), run_id=run_id, reason=outcome.reason, cell_index=outcome.cell_index,
-        ename=outcome.ename, evalue=outcome.evalue, records=outcome.records,
-    )
-    write_execution(exec_dir / "execution.json", record)
-    if outcome.traceback:
-        write_atomic(exec_dir / "traceback.txt", outcome.traceback + "\n")
-    ended = "ok" if outcome.status == "ok" else outcome.status.upper()
-    detail = f"{len(outcome.records)} records" if outcome.status == "ok" else outcome.reason
-    say(f"{tag} finished {planned.label()}  {outcome.wall_s:.1f} s  {ended}: {detail}")
-    return record
+        trace_data = sampler.stop()
+    write_atomic(exec_dir / "utilization.json", json.dumps(trace_data, indent=1, default=str) + "\n")
+    nb = executor.read_notebook(exec_dir / "executed.ipynb")
+    utilization.plot_trace(trace_data, exec_dir / "utilization.png", intervals=executor.cell_times(nb) if nb else [])
+    write_execution(exec_dir / "execution.json", ended)
+    detail = f"{len(ended.records)} records" if ended.status == "ok" else ended.reason
+    status = "ok" if ended.status == "ok" else ended.status.upper()
+    say(f"{tag} finished {planned.label()}  {ended.wall_s:.1f} s  {status}: {detail}")
+    return ended
 
 
-def _summaries(h: Hypothesis, executions: list[ExecutionRecord]) -> tuple[MetricSummary, ...]:
-    names = set(h.expect.metrics())
-    if h.expect.kind == "share":
-        names |= {STEP, *BREAKDOWN}
-    sweep = h.probe.sweep
+def execute(project: Project, run_dir: RunDir, the_plan: Plan, options: RunOptions, say: _Printer,
+            done: dict[str, Execution]) -> None:
+    """Reuse or execute every planned execution, filling `done` (key -> ended execution) as each ends."""
+    to_run: list[Execution] = []
+    for planned in the_plan.executions:
+        cached = None if options.force else find_cached(project, planned.key, run_dir.run_id)
+        if cached is None:
+            to_run.append(planned)
+            continue
+        reused = replace(cached, reused=True)
+        write_execution(run_dir.execution_dir(planned.key) / "execution.json", reused)
+        done[planned.key] = reused
+    total = len(the_plan.executions)
+    say(f"run {run_dir.run_id}: {len(the_plan.needs)} hypotheses, {total} probe executions "
+        f"({len(to_run)} to execute, {total - len(to_run)} reused){' [quick]' if options.quick else ''}")
+    for x in the_plan.executions:
+        if x.key in done:
+            say(f"[reused]  {x.label()}  from run {done[x.key].run_id} ({done[x.key].wall_s:.1f} s there)")
+    if not to_run:
+        return
+    kernel_dir = executor.ensure_kernelspec(run_dir.path / "jupyter")
+    pool = ThreadPoolExecutor(max_workers=options.jobs)
+    try:
+        futures = {
+            pool.submit(_execute_one, project, run_dir, p, options, kernel_dir=kernel_dir,
+                        tag=f"[{i + 1}/{len(to_run)}]", say=say): p
+            for i, p in enumerate(to_run)
+        }
+        for future, p in futures.items():
+            done[p.key] = future.result()
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        executor.kill_all()
+        raise
+    pool.shutdown()
+
+
+# ---------------------------------------------------------------- judge
+
+
+def judge_all(hypotheses: list[Hypothesis], the_plan: Plan, done: dict[str, Execution]) -> list[Judged]:
     out = []
-    for point in effective_points(executions, sweep.param if sweep else None):
+    for h in hypotheses:
+        executions = tuple(done[k] for k in the_plan.needs[h.id])
+        sweep = h.probe.sweep
+        points = effective_points([x for x in executions if x.status == "ok"], sweep.param if sweep else None)
+        out.append(Judged(hypothesis=h, judgement=judge(h, list(executions)), executions=executions,
+                          points=tuple(points)))
+    return out
+
+
+def _summaries(judged: Judged) -> tuple[MetricSummary, ...]:
+    """Mean and 95% interval of each metric the claim reads, at every point it was recorded."""
+    names = set(judged.hypothesis.expect.summarized())
+    out = []
+    for point in judged.points:
         record = point.record
         if record.name not in names:
             continue
-        samples = list(record.samples)
+        values = list(record.samples)
         mean = low = high = std = None
-        if samples and is_clean(samples):
-            est = mean_interval(samples, seed=seed_for(record.name))
-            mean, low, high, std = est.value, est.low, est.high, summarize(samples).std
-        out.append(MetricSummary(name=record.name, unit=record.unit, at=point.at or None, n=len(samples), mean=mean,
+        if values and stats.is_clean(values):
+            est = stats.mean_interval(values)
+            mean, low, high, std = est.value, est.low, est.high, stats.summarize(values).std
+        out.append(MetricSummary(name=record.name, unit=record.unit, at=point.at or None, n=len(values), mean=mean,
                                  low=low, high=high, std=std, note=record.note))
     return tuple(sorted(out, key=lambda m: (m.name, json.dumps(m.at, sort_keys=True, default=str))))
+
+
+def _result(judged: Judged) -> HypothesisResult:
+    h, j = judged.hypothesis, judged.judgement
+    return HypothesisResult(
+        id=h.id, hash=h.hash, claim=h.claim, kind=h.expect.kind, expected=j.expected, verdict=j.verdict.value,
+        reason=j.reason, measured=j.measured, off_by=j.off_by, floor=j.floor, plot=f"plots/{h.id}.png",
+        warnings=j.warnings, metrics=_summaries(judged),
+        executions=tuple(replace(x, records=()) for x in judged.executions),
+    )
+
+
+# ---------------------------------------------------------------- write
+
+
+def write(project: Project, run_dir: RunDir, judged: list[Judged], *, quick: bool, command: str,
+          git: tuple[str | None, bool | None], say: _Printer) -> tuple[RunResults, Path]:
+    """Plots (the run's and the ledger's), the compact results, then the ledger from all results."""
+    for item in judged:
+        h, j = item.hypothesis, item.judgement
+        for path, dpi in ((run_dir.path / "plots" / f"{h.id}.png", 150), (project.plots_dir / f"{h.id}.png", 100)):
+            plots.plot_verdict(h, j, list(item.points), path, dpi=dpi)
+        say(f"{h.id:<32} {j.verdict.value:<13} {j.line()}")
+        for warning in j.warnings:
+            say(f"{'':<32}   warning: {warning}")
+    results = RunResults(run_id=run_dir.run_id, created=run_dir.created, command=command, quick=quick,
+                         git_commit=git[0], git_dirty=git[1], hypotheses=tuple(_result(item) for item in judged))
+    path = write_results(project, results)
+    ledger.write(project)
+    return results, path
+
+
+# ---------------------------------------------------------------- the run
 
 
 def run(
@@ -336,119 +338,47 @@ def run(
     started = time.monotonic()
     if bool(ids) == bool(all_hypotheses):
         raise UserError("name the hypotheses to run, or pass --all (not both)")
-    if jobs < 1:
-        raise UserError(f"--jobs must be at least 1, got {jobs}")
-    if timeout_s <= 0:
-        raise UserError(f"--timeout must be positive, got {timeout_s}")
-    if profile is not None and profile not in PROFILERS:
-        raise UserError(f"--profile: expected one of {', '.join(PROFILERS)}, got {profile!r}")
+    options = RunOptions(quick=quick, jobs=jobs, overrides=dict(overrides or {}), timeout_s=timeout_s, force=force,
+                         profile=profile, command=command or " ".join(sys.argv))
+    options.check()
     hypotheses = load_hypotheses(project, ids or None)
     if not hypotheses:
         raise UserError(f"no hypotheses in {project.relative(project.hypotheses_dir)}")
     say = _Printer(out)
     source_hash = source_tree_hash()
-    planned, needs = plan(project, hypotheses, quick=quick, overrides=overrides or {}, source_hash=source_hash,
-                          profile=profile, note=say)
-    run_id = new_run_id(project)
-    run_dir = project.runs_dir / run_id
-    created = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    git_commit, git_dirty = _git(project)
-    manifest: dict[str, Any] = {
-        "format_version": 1, "run_id": run_id, "created": created, "status": "running",
-        "command": command or " ".join(sys.argv), "cwd": os.getcwd(), "git": {"commit": git_commit, "dirty": git_dirty},
-        "versions": {"python": platform.python_version(), "perfkit": _version("perfkit"), "torch": _version("torch"),
-                     "papermill": _version("papermill"), "nbclient": _version("nbclient"), "numpy": _version("numpy")},
-        "options": {"quick": quick, "jobs": jobs, "timeout_s": timeout_s, "force": force, "profile": profile,
-                    "overrides": overrides or {}, "hypotheses": [h.id for h in hypotheses]},
-        "perfkit_source": source_hash,
-    }
-    write_atomic(run_dir / "manifest.json", dumps(manifest))
-    machine, why_not = _optional("perfkit.machine.snapshot")
-    manifest["environment"] = machine.snapshot() if machine else {"unavailable": why_not}
-
-    records: dict[str, ExecutionRecord] = {}
-    to_run: list[Planned] = []
-    for p in planned:
-        cached = None if force else find_cached(project, p.key, run_id)
-        if cached is None:
-            to_run.append(p)
-            continue
-        origin = cached.cached_from or cached.run_id
-        reused = replace(cached, cached_from=origin)
-        write_execution(run_dir / "executions" / p.key / "execution.json", reused)
-        records[p.key] = reused
-    say(f"run {run_id}: {len(hypotheses)} hypotheses, {len(planned)} probe executions "
-        f"({len(to_run)} to execute, {len(planned) - len(to_run)} reused){' [quick]' if quick else ''}")
-    for p in (x for x in planned if x.key in records):
-        r = records[p.key]
-        say(f"[reused]  {p.label()}  from run {r.cached_from} ({r.wall_s:.1f} s there)")
-    execute_started = time.monotonic()
-    if to_run:
-        kernel_dir = executor.ensure_kernelspec(run_dir / "jupyter")
-        pool = ThreadPoolExecutor(max_workers=jobs)
-        try:
-            futures = {
-                pool.submit(_execute_one, project, run_dir, run_id, p, timeout_s=timeout_s, kernel_dir=kernel_dir,
-                            profile=profile, tag=f"[{i + 1}/{len(to_run)}]", say=say): p
-                for i, p in enumerate(to_run)
-            }
-            for future, p in futures.items():
-                records[p.key] = future.result()
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            executor.kill_all()
-            raise
-        pool.shutdown()
-    execute_s = time.monotonic() - execute_started
-
-    judged: list[HypothesisResult] = []
-    judgements: dict[str, Judgement] = {}
-    plots_dir = run_dir / "plots"
-    say("")
-    for h in hypotheses:
-        executions = [records[k] for k in needs[h.id]]
-        j = judge(h, executions)
-        judgements[h.id] = j
-        sweep = h.probe.sweep
-        points = effective_points([x for x in executions if x.status == "ok"], sweep.param if sweep else None)
-        plots.plot_verdict(h, j, points, plots_dir / f"{h.id}.png", dpi=150)
-        plots.plot_verdict(h, j, points, project.plots_dir / f"{h.id}.png", dpi=100)
-        judged.append(HypothesisResult(
-            id=h.id, hash=h.hash, claim=h.claim, kind=h.expect.kind, expected=j.expected, verdict=j.verdict.value,
-            reason=j.reason, measured=j.measured, off_by=j.off_by, floor=j.floor, plot=f"plots/{h.id}.png",
-            warnings=j.warnings, metrics=_summaries(h, executions),
-            executions=tuple(
-                ExecutionRef(key=x.key, notebook=x.notebook, params=x.params, status=x.status,
-                             run_id=x.cached_from or x.run_id, cached=x.cached_from is not None, wall_s=x.wall_s)
-                for x in executions
-            ),
-        ))
-        say(f"{h.id:<32} {j.verdict.value:<13} {j.line()}")
-        for warning in j.warnings:
-            say(f"{'':<32}   warning: {warning}")
-    results = RunResults(run_id=run_id, created=created, command=manifest["command"], quick=quick,
-                         git_commit=git_commit, git_dirty=git_dirty, hypotheses=tuple(judged))
-    results_file = write_results(project, results)
-    ledger.write(project)
+    the_plan = plan(project, hypotheses, quick=quick, overrides=options.overrides, source_hash=source_hash,
+                    profile=profile, note=say)
+    run_dir = new_run_dir(project)
+    manifest = _manifest(project, run_dir, hypotheses, options, source_hash)
+    _write_manifest(run_dir, manifest)
+    manifest["environment"] = snapshot.snapshot()
+    done: dict[str, Execution] = {}
+    timings: dict[str, float] = {}
+    try:
+        t0 = time.monotonic()
+        execute(project, run_dir, the_plan, options, say, done)
+        timings["execute_s"] = round(time.monotonic() - t0, 3)
+        judged = judge_all(hypotheses, the_plan, done)
+        say("")
+        git = (manifest["git"]["commit"], manifest["git"]["dirty"])
+        results, results_file = write(project, run_dir, judged, quick=quick, command=options.command, git=git, say=say)
+        manifest["status"] = "finished"
+        manifest["verdicts"] = {item.hypothesis.id: item.judgement.verdict.value for item in judged}
+    finally:
+        if manifest["status"] != "finished":
+            manifest["status"] = "interrupted"
+        timings["total_s"] = round(time.monotonic() - started, 3)
+        manifest["executions"] = [done[x.key].to_json(with_records=False) for x in the_plan.executions if x.key in done]
+        manifest["timings"] = timings
+        _write_manifest(run_dir, manifest)
     wall = time.monotonic() - started
-    executed = len(to_run)
-    manifest.update({
-        "status": "finished",
-        "executions": [
-            {"key": r.key, "notebook": r.notebook, "params": r.params, "status": r.status, "reason": r.reason,
-             "wall_s": r.wall_s, "reused_from": r.cached_from}
-            for r in (records[p.key] for p in planned)
-        ],
-        "verdicts": {h.id: judgements[h.id].verdict.value for h in hypotheses},
-        "timings": {"total_s": round(wall, 3), "execute_s": round(execute_s, 3)},
-    })
-    write_atomic(run_dir / "manifest.json", dumps(json.loads(json.dumps(manifest, default=str))))
+    executed = sum(1 for x in done.values() if not x.reused)
+    judgements = {item.hypothesis.id: item.judgement for item in judged}
     counts = {v: sum(1 for j in judgements.values() if j.verdict == v) for v in Verdict}
     say("")
-    say(f"run {run_id} finished in {wall:.1f} s: {executed} executed, {len(planned) - executed} reused; "
+    say(f"run {run_dir.run_id} finished in {wall:.1f} s: {executed} executed, {len(done) - executed} reused; "
         + ", ".join(f"{n} {v.value}" for v, n in counts.items() if n))
     say(f"results: {project.relative(results_file)}; ledger: {project.relative(project.ledger_path)}; "
-        f"evidence: {project.relative(run_dir)}/")
-    exit_code = 1 if counts[Verdict.ERROR] else 0
-    return RunReport(run_id=run_id, results=results, executed=executed, reused=len(planned) - executed, wall_s=wall,
-                     exit_code=exit_code, judgements=judgements)
+        f"evidence: {project.relative(run_dir.path)}/")
+    return RunReport(run_id=run_dir.run_id, results=results, executed=executed, reused=len(done) - executed,
+                     wall_s=wall, exit_code=1 if counts[Verdict.ERROR] else 0, judgements=judgements)

@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 
 from perfkit.errors import UserError
-from perfkit.stats import mean_interval, seed_for
+from perfkit.stats import mean_interval
 
 __all__ = ["Figure", "Measurement", "measure", "measured", "fingerprint", "cache_path", "describe"]
 
@@ -122,7 +122,7 @@ class Measurement:
 
 
 def _figure(kernel: str, device: str, unit: str, rates: list[float], size: int) -> Figure:
-    est = mean_interval(rates, seed=seed_for(f"bandwidth {device} {kernel}"))
+    est = mean_interval(rates)
     low, high = min(est.low, est.value), max(est.high, est.value)
     return Figure(kernel, device, unit, est.value, low, high, max(rates), tuple(rates), size)
 

@@ -70,10 +70,10 @@ def measure(*, calls: int = 20_000, repeat: int = 15) -> list[tuple[str, list[fl
 
 
 def report(rows: list[tuple[str, list[float]]]) -> str:
-    base = stats.mean_interval(rows[0][1], seed=stats.seed_for(rows[0][0]))
+    base = stats.mean_interval(rows[0][1])
     lines = [f"{'variant':<28} {'ns/call':>9} {'95% interval':>17} {'vs bare':>9}"]
     for label, values in rows:
-        est = stats.mean_interval(values, seed=stats.seed_for(label))
+        est = stats.mean_interval(values)
         lines.append(
             f"{label:<28} {est.value:>9.1f} [{est.low:>6.1f}, {est.high:>6.1f}] {est.value - base.value:>+8.1f}"
         )

@@ -17,28 +17,7 @@ from typing import Any, Iterable
 from perfkit import units
 from perfkit.errors import UserError
 from perfkit.phases import BREAKDOWN, PHASES, STEP, UNATTRIBUTED
-
-MIMETYPE = "application/vnd.perfkit.record+json"
-FORMAT_VERSION = 1
-_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-
-
-def encode_samples(samples: list[float]) -> list[float | str]:
-    """JSON has no NaN or infinity; they travel as strings so that they reach the verdict."""
-    return [s if math.isfinite(s) else ("nan" if math.isnan(s) else ("inf" if s > 0 else "-inf")) for s in samples]
-
-
-def decode_samples(samples: list[float | str]) -> list[float]:
-    out = []
-    for s in samples:
-        if isinstance(s, str):
-            if s not in _NON_FINITE:
-                raise ValueError(f"not a sample: {s!r}")
-            out.append(_NON_FINITE[s])
-        else:
-            out.append(float(s))
-    return out
-
+from perfkit.samples import FORMAT_VERSION, MIMETYPE, decode_samples, encode_samples
 
 def _as_floats(name: str, samples: Any) -> list[float]:
     if hasattr(samples, "tolist"):  # numpy arrays and torch tensors
@@ -107,7 +86,7 @@ def summary_line(payload: dict[str, Any]) -> str:
         bad = sum(1 for s in samples if not math.isfinite(s))
         text = head + f"{bad} of {len(samples)} samples are NaN or infinite (a verdict will be inconclusive)"
     else:
-        est = stats.mean_interval(samples, seed=stats.seed_for(payload["name"]))
+        est = stats.mean_interval(samples)
         s = stats.summarize(samples)
         text = (
             head

@@ -1,0 +1,146 @@
+"""Strict YAML with line numbers, and a checker that collects every `file:line: field: message`.
+
+Hypothesis records (and the expectation kinds that own part of their schema) are read through
+this, so that a typo never turns silently into a default and every error names where it is.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from perfkit.errors import RecordError
+
+
+class Located:
+    """Plain data from YAML, plus the line of every key path, for file:line errors."""
+
+    def __init__(self, text: str, path: str):
+        self.path = path
+        self.lines: dict[tuple, int] = {}
+        self.errors: list[RecordError] = []
+        try:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = mark.line + 1 if mark is not None else None
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise RecordError(f"not valid YAML: {problem}", path=path, line=line) from None
+        if node is None:
+            raise RecordError("empty file; expected a mapping with id, claim, rationale, expect, probe", path=path, line=1)
+        self.data = self._walk(node, ())
+
+    def _walk(self, node, where: tuple):
+        self.lines.setdefault(where, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                key = self._scalar(key_node)
+                if key in out:
+                    self.errors.append(self.error(where + (key,), "duplicate key", line=key_node.start_mark.line + 1))
+                self.lines[where + (key,)] = key_node.start_mark.line + 1
+                out[key] = self._walk(value_node, where + (key,))
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            items = []
+            for i, item in enumerate(node.value):
+                self.lines[where + (i,)] = item.start_mark.line + 1
+                items.append(self._walk(item, where + (i,)))
+            return items
+        return self._scalar(node)
+
+    @staticmethod
+    def _scalar(node):
+        loader = yaml.SafeLoader("")
+        try:
+            return loader.construct_object(node, deep=True)
+        finally:
+            loader.dispose()
+
+    def line(self, where: tuple) -> int | None:
+        while where and where not in self.lines:
+            where = where[:-1]
+        return self.lines.get(where)
+
+    def error(self, where: tuple, message: str, *, line: int | None = None) -> RecordError:
+        name = ".".join(str(p) for p in where) or None
+        return RecordError(message, path=self.path, line=line or self.line(where), field=name)
+
+
+def type_name(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "a mapping", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class Checker:
+    """Walks one parsed record, collecting every error instead of stopping at the first."""
+
+    def __init__(self, doc: Located):
+        self.doc = doc
+        self.errors = doc.errors
+
+    def fail(self, where: tuple, message: str) -> None:
+        self.errors.append(self.doc.error(where, message))
+
+    def missing(self, where: tuple, key: str, message: str) -> None:
+        """An error about a key that is absent, reported at the line of its parent mapping."""
+        self.errors.append(self.doc.error(where + (key,), message, line=self.doc.line(where)))
+
+    def keys(self, mapping: dict, where: tuple, allowed: dict[str, bool]) -> None:
+        for key in mapping:
+            if key not in allowed:
+                hint = ", ".join(sorted(allowed))
+                self.fail(where + (key,), f"unknown key; expected one of: {hint}")
+        for key, required in allowed.items():
+            if required and key not in mapping:
+                self.missing(where, key, "missing; this key is required")
+
+    def mapping(self, value: Any, where: tuple) -> dict | None:
+        if not isinstance(value, dict):
+            self.fail(where, f"expected a mapping, got {type_name(value)}")
+            return None
+        for key in value:
+            if not isinstance(key, str):
+                self.fail(where + (key,), f"keys must be strings, got {type_name(key)}")
+        return value
+
+    def string(self, mapping: dict, key: str, where: tuple, *, pattern: re.Pattern | None = None, what: str = "") -> str | None:
+        if key not in mapping:
+            return None
+        value = mapping[key]
+        if not isinstance(value, str) or not value.strip():
+            self.fail(where + (key,), f"expected a non-empty string, got {type_name(value)}")
+            return None
+        if pattern is not None and not pattern.match(value):
+            self.fail(where + (key,), f"{value!r} is not {what}")
+            return None
+        return value
+
+    def number(self, mapping: dict, key: str, where: tuple, *, positive: bool = False, at_least: float | None = None) -> float | None:
+        if key not in mapping:
+            return None
+        value = mapping[key]
+        if not is_number(value):
+            self.fail(where + (key,), f"expected a number, got {type_name(value)} {value!r}")
+            return None
+        if positive and not value > 0:
+            self.fail(where + (key,), f"expected a number > 0, got {value!r}")
+            return None
+        if at_least is not None and value < at_least:
+            self.fail(where + (key,), f"expected a number >= {at_least:g}, got {value!r}")
+            return None
+        return float(value)
+
+
+def check_scalars(checker: Checker, mapping: dict, where: tuple) -> None:
+    for key, value in mapping.items():
+        if not isinstance(value, (str, int, float, bool)):
+            checker.fail(where + (key,), f"expected a number, string or boolean, got {type_name(value)}")
+
+

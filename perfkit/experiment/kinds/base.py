@@ -1,0 +1,210 @@
+"""What every expectation kind shares: the common keys, reading samples, comparing an interval.
+
+A kind is one class (a frozen dataclass) that owns its schema (`KEYS` and `parse`), its judging
+(`judge`), its expected text (`expected`) and its plot (`plot`). The helpers here are the parts
+they share: picking the records a claim reads, turning them into samples or saying why they
+cannot be judged, and comparing an interval with an allowed range.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from perfkit import stats, units
+from perfkit.experiment.checker import Checker, check_scalars
+from perfkit.experiment.results import Floor
+from perfkit.experiment.verdict import Inconclusive, Judgement, Point, Verdict
+
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]*$")
+DEFAULT_MIN_SAMPLES = 5
+COMMON_KEYS = {"kind": True, "at": False, "min_samples": False}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Expect:
+    """The expected cost of a hypothesis. Subclasses are the kinds; `kind` is the record's word."""
+
+    KIND: ClassVar[str]
+    KEYS: ClassVar[dict[str, bool]]  # the kind's own keys -> required
+
+    kind: str
+    at: dict[str, Any] | None = None  # which recorded point, when there are several
+    min_samples: int = DEFAULT_MIN_SAMPLES
+
+    # ------------------------------------------------------------ schema
+
+    @classmethod
+    def parse(cls, checker: Checker, expect: dict, where: tuple) -> Expect | None:
+        """The expectation in `expect` (the record's mapping), or None after adding its errors."""
+        errors_before = len(checker.errors)
+        checker.keys(expect, where, {**COMMON_KEYS, **cls.KEYS})
+        fields = cls.read(checker, expect, where)
+        if "min_samples" in expect:
+            value = expect["min_samples"]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                checker.fail(where + ("min_samples",), f"expected an integer >= 1, got {value!r}")
+            else:
+                fields["min_samples"] = value
+        if "at" in expect:
+            at = checker.mapping(expect["at"], where + ("at",))
+            if at is not None:
+                check_scalars(checker, at, where + ("at",))
+                fields["at"] = dict(at)
+        if len(checker.errors) > errors_before:
+            return None
+        return cls(kind=cls.KIND, **{k: v for k, v in fields.items() if v is not None})
+
+    @classmethod
+    def read(cls, checker: Checker, expect: dict, where: tuple) -> dict[str, Any]:
+        """The kind's own fields from the record, adding an error for each bad one."""
+        raise NotImplementedError
+
+    @staticmethod
+    def names(checker: Checker, expect: dict, where: tuple, *keys: str) -> dict[str, str | None]:
+        return {k: checker.string(expect, k, where, pattern=NAME, what="a metric or parameter name") for k in keys}
+
+    # ------------------------------------------------------------ meaning
+
+    def metrics(self) -> tuple[str, ...]:
+        """Every metric name the probe must record for this expectation."""
+        raise NotImplementedError
+
+    def summarized(self) -> tuple[str, ...]:
+        """The metrics a result summarizes next to the verdict (by default, those it reads)."""
+        return self.metrics()
+
+    def expected(self, floor: Floor | None = None) -> str:
+        """The expectation in words; with the floor's measured value once it is known."""
+        raise NotImplementedError
+
+    def judge(self, points: list[Point]) -> Judgement:
+        """The verdict from every record of the probe's executions; raises Inconclusive."""
+        raise NotImplementedError
+
+    def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
+        """Draw the measured evidence against the claim on `fig` (title and text are done)."""
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------- choosing records
+
+
+def matches(at: dict[str, Any], selector: dict[str, Any] | None) -> bool:
+    for key, want in (selector or {}).items():
+        if key not in at:
+            return False
+        have = at[key]
+        if isinstance(want, (int, float)) and isinstance(have, (int, float)) and not isinstance(have, bool):
+            if float(want) != float(have):
+                return False
+        elif want != have:
+            return False
+    return True
+
+
+def candidates(points: list[Point], name: str, selector: dict | None) -> list[Point]:
+    found = [p for p in points if p.record.name == name and matches(p.at, selector)]
+    if not found:
+        names = sorted({p.record.name for p in points})
+        where = f" at {', '.join(f'{k}={v}' for k, v in selector.items())}" if selector else ""
+        recorded = f" (it recorded: {', '.join(names)})" if names else ""
+        raise Inconclusive(f"probe recorded no samples for {name}{where}{recorded}")
+    return found
+
+
+def one(points: list[Point], name: str, selector: dict | None) -> Point:
+    found = candidates(points, name, selector)
+    if len(found) > 1:
+        wheres = "; ".join(p.where() for p in found)
+        raise Inconclusive(f"{name} was recorded {len(found)} times ({wheres}); add expect.at to choose one")
+    return found[0]
+
+
+def same_point(points: list[Point], name: str, at: dict[str, Any]) -> Point:
+    """The record of `name` measured where another record was (same `at`)."""
+    found = [p for p in points if p.record.name == name and p.at == at]
+    if len(found) != 1:
+        where = ", ".join(f"{k}={v}" for k, v in sorted(at.items())) or "the same point"
+        if not found:
+            raise Inconclusive(f"probe recorded no samples for {name} at {where}")
+        raise Inconclusive(f"{name} was recorded {len(found)} times at {where}")
+    return found[0]
+
+
+def samples(point: Point, unit: str | None, min_samples: int) -> list[float]:
+    """A record's samples in `unit`, or why they cannot be judged."""
+    record = point.record
+    if not record.samples:
+        raise Inconclusive(f"probe recorded no samples for {record.name}")
+    bad = sum(1 for s in record.samples if not math.isfinite(s))
+    if bad:
+        raise Inconclusive(f"{bad} of {len(record.samples)} samples of {record.name} are NaN or infinite")
+    if len(record.samples) < min_samples:
+        raise Inconclusive(
+            f"{record.name} has {len(record.samples)} samples, fewer than the {min_samples} needed "
+            "(raise the probe's repetitions or lower expect.min_samples)"
+        )
+    return units.convert(list(record.samples), record.unit, unit) if unit else list(record.samples)
+
+
+def warnings_for(labelled: list[tuple[str, list[float]]]) -> tuple[str, ...]:
+    """Instability warnings of each labelled set of samples, prefixed with its label."""
+    return tuple(f"{label}: {w}" for label, values in labelled for w in stats.instability(values))
+
+
+# ---------------------------------------------------------------- comparing
+
+
+def bounds(low: float, high: float, *, at_least: float | None, at_most: float | None) -> tuple[Verdict, str | None]:
+    """Compare an interval with an allowed range: inside, outside, or straddling an edge."""
+    lo_ok = at_least is None or low >= at_least
+    hi_ok = at_most is None or high <= at_most
+    if lo_ok and hi_ok:
+        return Verdict.CONFIRMED, None
+    if (at_least is not None and high < at_least) or (at_most is not None and low > at_most):
+        return Verdict.REFUTED, None
+    edge = at_least if not lo_ok else at_most
+    return Verdict.INCONCLUSIVE, f"the interval straddles {units.format_number(edge)}"
+
+
+def ratio_text(measured: float, expected: float, what: str) -> str:
+    """'1,100x below the expected 200 ms', '12% above the bound 2 ms'."""
+    if expected == 0 or measured <= 0 or expected < 0:
+        diff = measured - expected
+        return f"{units.format_number(abs(diff))} {'above' if diff >= 0 else 'below'} {what}"
+    ratio = measured / expected
+    if 1 / 1.1 < ratio < 1.1:
+        return f"{units.format_number(abs(ratio - 1) * 100, 2)}% {'above' if ratio >= 1 else 'below'} {what}"
+    if ratio >= 1:
+        return f"{units.format_factor(ratio)} above {what}"
+    return f"{units.format_factor(1 / ratio)} below {what}"
+
+
+def range_text(at_least: float | None, at_most: float | None, fmt) -> str:
+    parts = []
+    if at_least is not None:
+        parts.append(f"≥ {fmt(at_least)}")
+    if at_most is not None:
+        parts.append(f"≤ {fmt(at_most)}")
+    return " and ".join(parts)
+
+
+def off_range(value: float, at_least: float | None, at_most: float | None, fmt, what: str) -> str:
+    """How far a ratio is from the claimed minimum or maximum (the nearer one when both are given)."""
+    use_min = at_least is not None and (
+        at_most is None or value < at_least or (value <= at_most and value / at_least < at_most / value)
+    )
+    if use_min:
+        return ratio_text(value, at_least, f"the claimed minimum {what} {fmt(at_least)}")
+    return ratio_text(value, at_most, f"the claimed maximum {what} {fmt(at_most)}")
+
+
+def read_range(checker: Checker, expect: dict, where: tuple, *, positive: bool) -> dict[str, float | None]:
+    """`at_least` and/or `at_most`, at least one of them."""
+    fields = {k: checker.number(expect, k, where, positive=positive) for k in ("at_least", "at_most")}
+    if "at_least" not in expect and "at_most" not in expect:
+        checker.missing(where, "at_least", "give `at_least` and/or `at_most`")
+    return fields

@@ -1,0 +1,108 @@
+"""How a metric grows with a parameter: the log-log exponent k of `metric ∝ over^k`, within a tolerance.
+
+The points come from a sweep of executions or from the `at` values a probe records itself.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from perfkit import stats, units
+from perfkit.experiment import plots
+from perfkit.experiment.checker import Checker
+from perfkit.experiment.kinds.base import Expect, bounds, candidates, samples, warnings_for
+from perfkit.experiment.results import Floor, Measured
+from perfkit.experiment.verdict import Inconclusive, Judgement, Point
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scaling(Expect):
+    """`metric ∝ over^k` with k = exponent ± tolerance."""
+
+    KIND = "scaling"
+    KEYS = {"metric": True, "over": True, "exponent": True, "tolerance": True}
+
+    metric: str
+    over: str  # the swept parameter
+    exponent: float
+    tolerance: float
+
+    @classmethod
+    def read(cls, checker: Checker, expect: dict, where: tuple) -> dict[str, Any]:
+        fields: dict[str, Any] = cls.names(checker, expect, where, "metric", "over")
+        fields["tolerance"] = checker.number(expect, "tolerance", where, positive=True)
+        fields["exponent"] = checker.number(expect, "exponent", where)
+        return fields
+
+    def metrics(self) -> tuple[str, ...]:
+        return (self.metric,)
+
+    def _claim(self) -> str:
+        return f"{units.format_number(self.exponent)} ± {units.format_number(self.tolerance)}"
+
+    def expected(self, floor: Floor | None = None) -> str:
+        return f"{self.metric} ∝ {self.over}^k, k = {self._claim()}"
+
+    def judge(self, points: list[Point]) -> Judgement:
+        found = [p for p in candidates(points, self.metric, self.at) if self.over in p.at]
+        if not found:
+            raise Inconclusive(f"no record of {self.metric} says which {self.over} it was measured at")
+        xs = [p.at[self.over] for p in found]
+        if len(set(xs)) != len(xs):
+            raise Inconclusive(f"{self.metric} was recorded more than once per {self.over}; add expect.at to choose one series")
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs):
+            raise Inconclusive(f"{self.over} values are not numbers: {xs}")
+        if len(xs) < 2:
+            raise Inconclusive(f"a scaling exponent needs at least two values of {self.over}; the probe recorded {len(xs)}")
+        found = sorted(found, key=lambda p: p.at[self.over])
+        unit = found[0].record.unit
+        per_point = [samples(p, unit, self.min_samples) for p in found]
+        try:
+            est = stats.slope_interval([float(p.at[self.over]) for p in found], per_point)
+        except ValueError as exc:
+            raise Inconclusive(f"cannot fit an exponent: {exc}") from None
+        verdict, why = bounds(est.low, est.high, at_least=self.exponent - self.tolerance,
+                              at_most=self.exponent + self.tolerance)
+        diff = est.value - self.exponent
+        return Judgement(
+            verdict=verdict,
+            reason=why,
+            expected=self.expected(),
+            measured=Measured(label="exponent", unit=None, value=est.value, low=est.low, high=est.high),
+            off_by=f"{units.format_number(abs(diff), 2)} {'above' if diff >= 0 else 'below'} the expected exponent {self._claim()}",
+            warnings=warnings_for([(f"{self.metric} at {self.over}={p.at[self.over]}", s) for p, s in zip(found, per_point)]),
+            used=tuple(found),
+        )
+
+    def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
+        from matplotlib.ticker import LogFormatter
+
+        ax = fig.add_axes((0.13, 0.16, 0.55, 0.62))
+        xs, means, lows, highs = [], [], [], []
+        for p in judgement.used:
+            est = stats.mean_interval(list(p.record.samples))
+            xs.append(float(p.at[self.over]))
+            means.append(est.value)
+            lows.append(est.value - est.low)
+            highs.append(est.high - est.value)
+        unit = judgement.used[0].record.unit
+        ax.errorbar(xs, means, yerr=[lows, highs], fmt="o", color="#37474f", capsize=3, label="measured (95%)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        anchor_x = math.exp(sum(math.log(x) for x in xs) / len(xs))
+        anchor_y = math.exp(sum(math.log(y) for y in means) / len(means))
+        span = [min(xs), max(xs)]
+        m = judgement.measured
+        ax.plot(span, [anchor_y * (x / anchor_x) ** m.value for x in span], color=plots.COLORS[judgement.verdict],
+                label=f"fitted k = {units.format_number(m.value)} [{units.format_number(m.low)}, {units.format_number(m.high)}]")
+        ax.plot(span, [anchor_y * (x / anchor_x) ** self.exponent for x in span], color=plots.CLAIMED, linestyle="--",
+                label=f"expected k = {self._claim()}")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+            axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+        ax.tick_params(labelsize=7, which="both")
+        ax.set_xlabel(self.over)
+        ax.set_ylabel(f"{self.metric} [{unit}]", fontsize=8)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)

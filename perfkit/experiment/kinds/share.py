@@ -1,0 +1,131 @@
+"""The share of a whole taken by a part: `metric / of` within `at_least` and/or `at_most`.
+
+A breakdown records every phase and the step with samples paired step by step, so the share is a
+ratio of paired sums; unattributed time is its own part, never folded into a phase.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from perfkit import stats, units
+from perfkit.experiment import plots
+from perfkit.experiment.checker import Checker
+from perfkit.experiment.kinds.base import (
+    Expect, off_range, one, range_text, read_range, same_point, samples, warnings_for,
+)
+from perfkit.experiment.kinds.base import bounds as compare
+from perfkit.experiment.results import Floor, Measured
+from perfkit.experiment.verdict import Inconclusive, Judgement, Point
+from perfkit.phases import BREAKDOWN, STEP, UNATTRIBUTED
+
+
+def _pct(value: float) -> str:
+    return f"{units.format_number(value * 100, 2)}%"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Share(Expect):
+    """`metric` takes between `at_least` and `at_most` of `of` (fractions, or % with `unit`)."""
+
+    KIND = "share"
+    KEYS = {"metric": True, "of": True, "at_least": False, "at_most": False, "unit": False}
+
+    metric: str
+    of: str
+    at_least: float | None = None
+    at_most: float | None = None
+    unit: str | None = None
+
+    @classmethod
+    def read(cls, checker: Checker, expect: dict, where: tuple) -> dict[str, Any]:
+        fields: dict[str, Any] = cls.names(checker, expect, where, "metric", "of")
+        if "unit" in expect:
+            unit = expect["unit"]
+            if not units.is_unit(unit):
+                checker.fail(where + ("unit",), f"unknown unit {unit!r}; expected one of: {', '.join(units.KNOWN_UNITS)}")
+            elif units.dimension(unit) != "fraction":
+                checker.fail(where + ("unit",), f"a share is a fraction; expected 'fraction' or '%', got {unit!r}")
+            else:
+                fields["unit"] = unit
+        fields.update(read_range(checker, expect, where, positive=False))
+        scale = units.factor(fields.get("unit") or "fraction", "fraction")
+        for key in ("at_least", "at_most"):
+            if fields.get(key) is not None:
+                fields[key] *= scale
+                if not 0 <= fields[key] <= 1:
+                    checker.fail(where + (key,), f"a share lies between 0 and 1 (0% and 100%), got {expect[key]!r}")
+        return fields
+
+    def metrics(self) -> tuple[str, ...]:
+        return (self.metric, self.of)
+
+    def summarized(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((self.metric, self.of, STEP, *BREAKDOWN)))
+
+    def expected(self, floor: Floor | None = None) -> str:
+        return f"{self.metric} / {self.of} {range_text(self.at_least, self.at_most, _pct)}"
+
+    def judge(self, points: list[Point]) -> Judgement:
+        part = one(points, self.metric, self.at)
+        whole = same_point(points, self.of, part.at)
+        part_samples = samples(part, None, self.min_samples)
+        whole_samples = samples(whole, part.record.unit, self.min_samples)
+        paired = (part.record.breakdown is not None and part.record.breakdown == whole.record.breakdown
+                  and len(part_samples) == len(whole_samples))
+        try:
+            est = stats.ratio_interval(part_samples, whole_samples, paired=paired)
+        except ValueError as exc:
+            raise Inconclusive(f"cannot compute {self.metric} / {self.of}: {exc}") from None
+        verdict, why = compare(est.low, est.high, at_least=self.at_least, at_most=self.at_most)
+        return Judgement(
+            verdict=verdict,
+            reason=why,
+            expected=self.expected(),
+            measured=Measured(label="share", unit="%", value=est.value * 100, low=est.low * 100, high=est.high * 100),
+            off_by=off_range(est.value, self.at_least, self.at_most, _pct, "share"),
+            warnings=warnings_for([(part.record.name, part_samples), (whole.record.name, whole_samples)]),
+            used=(part, whole),
+        )
+
+    def _parts(self, judgement: Judgement, points: list[Point]) -> list[tuple[str, float]]:
+        """(name, mean) of each part of the whole, in phase order."""
+        part = judgement.used[0]
+        if part.record.breakdown is None:
+            whole = judgement.used[1]
+            part_mean = sum(part.record.samples) / len(part.record.samples)
+            scale = units.factor(whole.record.unit, part.record.unit)
+            whole_mean = sum(whole.record.samples) / len(whole.record.samples) * scale
+            return [(part.record.name, part_mean), (f"rest of {whole.record.name}", max(whole_mean - part_mean, 0.0))]
+        same = {p.record.name: p.record for p in points if p.at == part.at and p.record.breakdown == part.record.breakdown}
+        out = []
+        for name in BREAKDOWN:
+            if name in same and same[name].samples:
+                values = units.convert(list(same[name].samples), same[name].unit, part.record.unit)
+                out.append((name, sum(values) / len(values)))
+        return out
+
+    def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
+        parts = self._parts(judgement, points)
+        total = sum(v for _, v in parts) or 1.0
+        ax = fig.add_axes((0.08, 0.3, 0.88, 0.36))
+        left = 0.0
+        for i, (name, value) in enumerate(parts):
+            share = value / total
+            claimed = name == self.metric
+            color = plots.CLAIMED if claimed else ("#ffffff" if name == UNATTRIBUTED else plots.PHASE_COLORS[i % len(plots.PHASE_COLORS)])
+            ax.barh([0], [share], left=left, color=color, edgecolor="#37474f", linewidth=1.5 if claimed else 0.6,
+                    hatch="//" if name == UNATTRIBUTED else None, label=f"{name} {share:.1%}")
+            left += share
+        color = plots.COLORS[judgement.verdict]
+        for bound, style in ((self.at_least, "--"), (self.at_most, ":")):
+            if bound is not None:
+                ax.axvline(bound, color=color, linestyle=style, linewidth=1.5)
+                ax.text(bound, 0.55, f" claimed {'≥' if style == '--' else '≤'} {bound:.0%}", fontsize=7, color=color)
+        ax.set_xlim(0, 1)
+        ax.set_yticks([])
+        unit = judgement.used[0].record.unit
+        of = self.of if self.of != STEP else "step"
+        ax.set_xlabel(f"share of {of} (mean {units.format_quantity(total, unit)}); claimed part: {self.metric}")
+        ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4, frameon=False)

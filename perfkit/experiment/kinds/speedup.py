@@ -1,0 +1,84 @@
+"""How much faster a candidate is than a baseline: a ratio of means of times or of rates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from perfkit import stats, units
+from perfkit.errors import UserError
+from perfkit.experiment import plots
+from perfkit.experiment.checker import Checker
+from perfkit.experiment.kinds.base import Expect, bounds, off_range, one, range_text, read_range, samples, warnings_for
+from perfkit.experiment.results import Floor, Measured
+from perfkit.experiment.verdict import Inconclusive, Judgement, Point
+
+
+@dataclass(frozen=True, kw_only=True)
+class Speedup(Expect):
+    """`candidate` is between `at_least` and `at_most` times faster than `baseline`."""
+
+    KIND = "speedup"
+    KEYS = {"baseline": True, "candidate": True, "at_least": False, "at_most": False}
+
+    baseline: str
+    candidate: str
+    at_least: float | None = None
+    at_most: float | None = None
+
+    @classmethod
+    def read(cls, checker: Checker, expect: dict, where: tuple) -> dict[str, Any]:
+        fields: dict[str, Any] = cls.names(checker, expect, where, "baseline", "candidate")
+        fields.update(read_range(checker, expect, where, positive=True))
+        return fields
+
+    def metrics(self) -> tuple[str, ...]:
+        return (self.baseline, self.candidate)
+
+    def expected(self, floor: Floor | None = None) -> str:
+        return f"{self.candidate} vs {self.baseline}: speedup {range_text(self.at_least, self.at_most, units.format_factor)}"
+
+    def judge(self, points: list[Point]) -> Judgement:
+        base = one(points, self.baseline, self.at)
+        cand = one(points, self.candidate, self.at)
+        unit = base.record.unit
+        dim = units.dimension(unit)
+        base_samples = samples(base, None, self.min_samples)
+        cand_samples = samples(cand, unit, self.min_samples)
+        if dim in units.LOWER_IS_FASTER:
+            num, den = base_samples, cand_samples
+        elif dim in units.HIGHER_IS_FASTER:
+            num, den = cand_samples, base_samples
+        else:
+            raise UserError(f"a speedup compares times or rates; {self.baseline} is in {unit}")
+        try:
+            est = stats.ratio_interval(num, den, paired=False)
+        except ValueError as exc:
+            raise Inconclusive(f"cannot compute the speedup: {exc}") from None
+        verdict, why = bounds(est.low, est.high, at_least=self.at_least, at_most=self.at_most)
+        return Judgement(
+            verdict=verdict,
+            reason=why,
+            expected=self.expected(),
+            measured=Measured(label="speedup", unit="x", value=est.value, low=est.low, high=est.high),
+            off_by=off_range(est.value, self.at_least, self.at_most, units.format_factor, "speedup"),
+            warnings=warnings_for([(base.record.name, base_samples), (cand.record.name, cand_samples)]),
+            used=(base, cand),
+        )
+
+    def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
+        ax = fig.add_axes((0.25, 0.2, 0.5, 0.55))
+        base, cand = judgement.used
+        unit = base.record.unit
+        names, values, errs = [], [], [[], []]
+        for p in (base, cand):
+            est = stats.mean_interval(units.convert(list(p.record.samples), p.record.unit, unit))
+            names.append(p.record.name)
+            values.append(est.value)
+            errs[0].append(est.value - est.low)
+            errs[1].append(est.high - est.value)
+        ax.barh(names, values, xerr=errs, color=["#b0bec5", plots.COLORS[judgement.verdict]], capsize=4)
+        plots.log_if_spread(ax, values, "x")
+        ax.set_xlabel(f"mean [{unit}]")
+        claim = range_text(self.at_least, self.at_most, units.format_factor)
+        ax.set_title(f"speedup {units.format_factor(judgement.measured.value)}; claimed {claim}", fontsize=8)

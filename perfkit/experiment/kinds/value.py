@@ -1,0 +1,194 @@
+"""A metric's mean against a value: `cost` (within a factor), `at_most` and `at_least` (a bound).
+
+The reference is a number in the record (`value`) or a floor the probe records itself (`floor`,
+e.g. a roofline figure for this machine), which a bound may multiply by `factor`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from perfkit import stats, units
+from perfkit.experiment import plots
+from perfkit.experiment.checker import Checker
+from perfkit.experiment.kinds.base import Expect, bounds, one, ratio_text, samples, warnings_for
+from perfkit.experiment.results import Floor, Measured
+from perfkit.experiment.verdict import Judgement, Point
+
+_KEYS = {"metric": True, "unit": True, "value": False, "floor": False, "factor": False}
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Value(Expect):
+    metric: str
+    unit: str
+    value: float | None = None
+    floor: str | None = None  # a metric the probe records: the reference measured on this machine
+    factor: float | None = None
+
+    @classmethod
+    def read(cls, checker: Checker, expect: dict, where: tuple) -> dict[str, Any]:
+        fields: dict[str, Any] = cls.names(checker, expect, where, "metric", "floor")
+        if "unit" in expect:
+            unit = expect["unit"]
+            if not units.is_unit(unit):
+                checker.fail(where + ("unit",), f"unknown unit {unit!r}; expected one of: {', '.join(units.KNOWN_UNITS)}")
+            else:
+                fields["unit"] = unit
+        fields["value"] = checker.number(expect, "value", where, positive=True)
+        fields["factor"] = checker.number(expect, "factor", where, positive=True, at_least=cls._least_factor())
+        if ("value" in expect) == ("floor" in expect):
+            checker.missing(where, "value", "give exactly one of `value` (a number) or `floor` (a recorded floor metric)")
+        return fields
+
+    @staticmethod
+    def _least_factor() -> float | None:
+        return None
+
+    def metrics(self) -> tuple[str, ...]:
+        return tuple(n for n in (self.metric, self.floor) if n)
+
+    def _reference(self, floor: Floor | None) -> tuple[float | None, str]:
+        """The reference value (None while a floor is unmeasured) and how to write it."""
+        if self.floor is None:
+            return self.value, units.format_quantity(self.value, self.unit)
+        if floor is None:
+            return None, self.floor
+        return floor.value, f"{units.format_quantity(floor.value, self.unit)} ({self.floor})"
+
+    def _floor(self, points: list[Point]) -> Floor | None:
+        if self.floor is None:
+            return None
+        point = one(points, self.floor, self.at)
+        values = samples(point, self.unit, 1)
+        return Floor(metric=self.floor, value=sum(values) / len(values), unit=self.unit, note=point.record.note)
+
+    def _edges(self, reference: float) -> tuple[float | None, float | None]:
+        raise NotImplementedError
+
+    def judge(self, points: list[Point]) -> Judgement:
+        point = one(points, self.metric, self.at)
+        values = samples(point, self.unit, self.min_samples)
+        est = stats.mean_interval(values)
+        floor = self._floor(points)
+        reference, _ = self._reference(floor)
+        low_edge, high_edge = self._edges(reference)
+        verdict, why = bounds(est.low, est.high, at_least=low_edge, at_most=high_edge)
+        return Judgement(
+            verdict=verdict,
+            reason=why,
+            expected=self.expected(floor),
+            measured=Measured(label="mean", unit=self.unit, value=est.value, low=est.low, high=est.high),
+            off_by=self._off_by(est.value, reference, floor),
+            floor=floor,
+            warnings=warnings_for([(self.metric, values)]),
+            used=(point,),
+        )
+
+    def _off_by(self, value: float, reference: float, floor: Floor | None) -> str:
+        raise NotImplementedError
+
+    def _marks(self, ax, reference: float) -> list[float]:
+        """Draw the claim on the axis; the values it drew (for the axis scale)."""
+        raise NotImplementedError
+
+    def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
+        m, used = judgement.measured, judgement.used[0]
+        ax = fig.add_axes((0.08, 0.2, 0.88, 0.5))
+        values = units.convert(list(used.record.samples), used.record.unit, self.unit)
+        ax.plot(values, [0.0] * len(values), "|", color="#90a4ae", markersize=14, label="samples")
+        ax.errorbar([m.value], [0.0], xerr=[[m.value - m.low], [m.high - m.value]], fmt="o",
+                    color=plots.COLORS[judgement.verdict], capsize=6, label="mean, 95% interval")
+        reference, _ = self._reference(judgement.floor)
+        plots.log_if_spread(ax, [m.low, m.high, reference, *values, *self._marks(ax, reference)], "x")
+        ax.set_yticks([])
+        ax.set_ylim(-1, 1)
+        ax.set_xlabel(f"{self.metric} [{self.unit}]")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=4, frameon=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cost(_Value):
+    """The mean lies within `factor` of the reference: reference / factor .. reference * factor."""
+
+    KIND = "cost"
+    KEYS = {**_KEYS, "factor": True}
+
+    @staticmethod
+    def _least_factor() -> float | None:
+        return 1.0
+
+    def expected(self, floor: Floor | None = None) -> str:
+        return f"≈ {self._reference(floor)[1]} (×{units.format_number(self.factor)})"
+
+    def _edges(self, reference: float) -> tuple[float | None, float | None]:
+        return reference / self.factor, reference * self.factor
+
+    def _off_by(self, value: float, reference: float, floor: Floor | None) -> str:
+        return ratio_text(value, reference, f"the expected {self._reference(floor)[1]}")
+
+    def _marks(self, ax, reference: float) -> list[float]:
+        low, high = self._edges(reference)
+        ax.axvspan(low, high, color="#bbdefb", alpha=0.6, label=f"expected ±×{units.format_number(self.factor)}")
+        ax.axvline(reference, color=plots.CLAIMED, linestyle="--",
+                   label=f"expected {units.format_quantity(reference, self.unit)}")
+        return [low, high]
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Bound(_Value):
+    SIGN = ""
+
+    @classmethod
+    def read(cls, checker: Checker, expect: dict, where: tuple) -> dict[str, Any]:
+        fields = super().read(checker, expect, where)
+        if "factor" in expect and "floor" not in expect:
+            checker.fail(where + ("factor",), "a bound's `factor` multiplies a `floor`; with a plain `value` write the bound itself")
+        return fields
+
+    def _bound(self, reference: float) -> float:
+        return reference * (self.factor or 1.0)
+
+    def expected(self, floor: Floor | None = None) -> str:
+        reference, text = self._reference(floor)
+        scale = self.factor or 1.0
+        if scale != 1:
+            text = f"{units.format_number(scale)} × {text}"
+            if reference is not None:
+                text += f" = {units.format_quantity(self._bound(reference), self.unit)}"
+        return f"{self.SIGN} {text}"
+
+    def _off_by(self, value: float, reference: float, floor: Floor | None) -> str:
+        bound = self._bound(reference)
+        return ratio_text(value, bound, f"the bound {units.format_quantity(bound, self.unit)}")
+
+    def _marks(self, ax, reference: float) -> list[float]:
+        bound = self._bound(reference)
+        ax.axvline(bound, color=plots.CLAIMED, linestyle="--",
+                   label=f"bound {self.SIGN} {units.format_quantity(bound, self.unit)}")
+        return [bound]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AtMost(_Bound):
+    """The mean is at most the bound (the whole interval below it to confirm)."""
+
+    KIND = "at_most"
+    KEYS = _KEYS
+    SIGN = "≤"
+
+    def _edges(self, reference: float) -> tuple[float | None, float | None]:
+        return None, self._bound(reference)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AtLeast(_Bound):
+    """The mean is at least the bound (the whole interval above it to confirm)."""
+
+    KIND = "at_least"
+    KEYS = _KEYS
+    SIGN = "≥"
+
+    def _edges(self, reference: float) -> tuple[float | None, float | None]:
+        return self._bound(reference), None
