@@ -32,31 +32,3 @@ class RecordError(UserError):
 
 def _rebuild_record_error(message, path, line, field):
     return RecordError(message, path=path, line=line, field=field)
-
-
-class ProbeExecutionError(PerfkitError):
-    """A probe notebook failed: which cell, which exception, and the traceback text.
-
-    Survives pickling (it crosses process boundaries when probes run in parallel).
-    """
-
-    def __init__(self, *, notebook: str, cell_index: int | None, ename: str, evalue: str, traceback: str = ""):
-        self.notebook = notebook
-        self.cell_index = cell_index
-        self.ename = ename
-        self.evalue = evalue
-        self.traceback = traceback
-        cell = f"cell {cell_index}" if cell_index is not None else "no cell"
-        super().__init__(f"{notebook}, {cell}: {ename}: {evalue}")
-
-    def __reduce__(self):
-        return (
-            _rebuild_probe_error,
-            (self.notebook, self.cell_index, self.ename, self.evalue, self.traceback),
-        )
-
-
-def _rebuild_probe_error(notebook, cell_index, ename, evalue, traceback):
-    return ProbeExecutionError(
-        notebook=notebook, cell_index=cell_index, ename=ename, evalue=evalue, traceback=traceback
-    )

@@ -168,3 +168,32 @@ def test_profile_torch_saves_a_trace_in_the_execution(first):
     injected = [c for c in executed.cells if runner.INJECTED_TAG in c.metadata.get("tags", [])]
     assert len(injected) == 2
     assert verdicts(report)["fx-cost-confirmed"][0] == "confirmed"
+
+
+def test_an_interrupted_run_says_so_in_its_manifest_with_what_ended(first, monkeypatch):
+    project, report, _ = first
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "write", interrupted)  # Ctrl-C after the executions, while writing
+    before = {p.name for p in project.results_dir.iterdir()}
+    with pytest.raises(KeyboardInterrupt):
+        rerun(project, ids=["fx-share"])
+    latest = max(p for p in project.runs_dir.iterdir() if p.is_dir())
+    manifest = json.loads((latest / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and manifest["format_version"] == runner.MANIFEST_VERSION
+    (execution,) = manifest["executions"]
+    assert execution["reused"] and execution["run_id"] != latest.name and execution["status"] == "ok"
+    assert {p.name for p in project.results_dir.iterdir()} == before  # no results for a run that did not finish
+
+
+def test_a_finished_manifest_records_the_executions_in_one_shape(first):
+    project, report, _ = first
+    manifest = json.loads((project.runs_dir / report.run_id / "manifest.json").read_text())
+    assert manifest["status"] == "finished" and len(manifest["executions"]) == 6
+    stored = json.loads(next((project.runs_dir / report.run_id / "executions").glob("*/execution.json")).read_text())
+    shape = set(stored) - {"records", "format_version"}
+    assert all(set(x) == shape for x in manifest["executions"])
+    ref = report.results.hypotheses[0].executions[0].to_json(with_records=False)
+    assert set(ref) == shape

@@ -7,7 +7,7 @@ last emitted token of each request, not yet in the cache) are known:
                         hidden states there) -> top-R log-probs at K positions
     tree_build          best-first tree of ``budget`` nodes (heapq reference or vectorized) and
                         its ancestor (visibility) block
-    prepare_for_verify  verify mask (naive or compact), block tokens, positions, slots
+    prepare_for_verify  verify mask (naive or compact), query tokens, positions, slots
     verify_forward      target forward over root + nodes; node K/V land in slots L_b + j
     accept              walk the tree along the target's choices (argmax, or seeded samples:
                         perfkit.engine.sampling); bonus token; one host copy
@@ -326,18 +326,18 @@ class Engine:
             with span("tree_build"):
                 t = tree_build.BUILDERS[tree](top_lp, budget)
                 nodes = tree_build.node_tokens(t, top_tok)  # [B, N]
-                block = verify_mask.ancestors(t.parents, k)  # [B, Q, Q] the tree's visibility block
+                visible = verify_mask.ancestors(t.parents, k)  # [B, Q, Q]: entry i sees its ancestors j
             with span("prepare_for_verify"):
-                vm = verify_mask.BUILDERS[mask](st.lens_t, block, k)
+                vm = verify_mask.BUILDERS[mask](st.lens_t, visible, k)
                 q = budget + 1
-                block_tokens = torch.cat([st.root[:, None], nodes], 1)  # [B, Q]: root, then nodes
+                query_tokens = torch.cat([st.root[:, None], nodes], 1)  # [B, Q]: root, then nodes
                 depth = torch.cat([torch.zeros(b, 1, dtype=torch.int64, device=dev), t.depths], 1)  # [B, Q]
                 positions = st.lens_t[:, None] + depth
                 slots = st.lens_t[:, None] + torch.arange(q, device=dev)
             with span("verify_forward"):
                 uniform = st.lens[0] if len(set(st.lens)) == 1 else None
                 h = self.target.forward(
-                    block_tokens, st.cache, positions=positions, slots=slots, mask=vm, kv_len=max(st.lens) + q, uniform_start=uniform
+                    query_tokens, st.cache, positions=positions, slots=slots, mask=vm, kv_len=max(st.lens) + q, uniform_start=uniform
                 )  # [B, Q, D]
                 pred = st.choose(self.target.head(h), positions + 1)  # [B, Q] target's next token after each entry
                 moe = self.target.experts_touched()
@@ -348,12 +348,12 @@ class Engine:
                 accepted = ~(vm.block & ~match[:, None, :]).any(-1)  # [B, Q]
                 n_acc, last = torch.where(accepted, depth, -1).max(1)  # [B]: nodes accepted, deepest entry
                 bonus = pred.gather(1, last[:, None])[:, 0]
-                # path[d] = block index of the accepted entry at depth d (0: root); spare entries
+                # path[d] = query index of the accepted entry at depth d (0: root); spare entries
                 # point at the root and land beyond the committed length, where nothing reads.
                 path = torch.zeros(b, k + 2, dtype=torch.int64, device=dev)
                 path.scatter_(1, torch.where(accepted, depth, k + 1), torch.arange(q, device=dev).expand(b, q))
                 path = path[:, : k + 1]
-                path_tokens = block_tokens.gather(1, path)  # [B, K + 1]
+                path_tokens = query_tokens.gather(1, path)  # [B, K + 1]
                 emitted = torch.cat([n_acc[:, None], bonus[:, None], path_tokens], 1)
                 if moe is not None:
                     emitted = torch.cat([emitted, moe.expand(b)[:, None]], 1)

@@ -347,7 +347,6 @@ class Capture:
         self._occurrences: dict[str, list[dict]] = {}
         self._steps: list[dict] = []
         self._step_depth = 0
-        self._closed = False
 
     # called by spans while the capture is active
     def _open(self, name: str):
@@ -370,7 +369,6 @@ class Capture:
         for series in _series.values():
             if series.pending:
                 _resolve(series, wait=True)
-        self._closed = True
 
     def names(self) -> list[str]:
         return sorted(self._occurrences)

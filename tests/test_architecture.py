@@ -1,0 +1,163 @@
+"""The layout holds: each package imports only what its audience may, and no module cycle exists.
+
+Layers, from the bottom: shared leaves (errors, paths, files, units, phases, stats, samples) ->
+probe (what a notebook imports) -> engine and kernels -> machine -> experiment -> cli. A module
+may import its own layer and the layers below it, except that the experiment (storage,
+judging, the run) never imports the notebook side or the engine: it reads what probes recorded
+through perfkit.samples. Imports inside functions count too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "perfkit"
+LEAVES = {"errors", "paths", "files", "units", "phases", "stats", "samples"}
+ALLOWED = {
+    "leaf": {"leaf"},
+    "probe": {"leaf", "probe"},
+    "engine": {"leaf", "probe", "engine"},
+    "machine": {"leaf", "probe", "engine", "machine"},
+    "experiment": {"leaf", "machine", "experiment"},
+    "cli": {"leaf", "probe", "engine", "machine", "experiment", "cli"},
+}
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else ""
+    if top in LEAVES:
+        return "leaf"
+    if top in ("engine", "kernels"):
+        return "engine"
+    if top in ("probe", "machine", "experiment", "cli"):
+        return top
+    raise AssertionError(f"{module}: no layer; add it to tests/test_architecture.py")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str) -> bool:
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of the tree except those under `if TYPE_CHECKING:` (imports for annotations only)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every perfkit module `path` imports when it runs, at any depth (a `from a import b` of a submodule counts b)."""
+    found = set()
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("perfkit.")}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            if base != "perfkit" and not base.startswith("perfkit."):
+                continue
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if _is_module(sub) else base)
+    found.discard("perfkit")
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = _module_name(path)
+        if name == "perfkit":  # the public API resolves its names lazily, from strings
+            continue
+        out[name] = {m for m in imports_of(path) if m != name and not name.startswith(m + ".")}
+    return out
+
+
+def violations(edges: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, targets in sorted(edges.items()):
+        for target in sorted(targets):
+            if layer(target) not in ALLOWED[layer(module)]:
+                bad.append(f"{module} ({layer(module)}) imports {target} ({layer(target)})")
+    return bad
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_every_import_runs_the_allowed_way():
+    edges = graph()
+    assert len(edges) > 40  # the walk found the package
+    assert violations(edges) == []
+
+
+def test_no_import_cycles():
+    assert cycles(graph()) == []
+
+
+def test_the_checks_catch_a_wrong_direction_and_a_cycle():
+    edges = {
+        "perfkit.engine.decode": {"perfkit.experiment.runner"},  # the engine reaching into the experiment
+        "perfkit.experiment.results": {"perfkit.probe.recording"},  # storage importing the notebook side
+        "perfkit.machine.a": {"perfkit.machine.b"},
+        "perfkit.machine.b": {"perfkit.machine.a"},
+    }
+    assert violations(edges) == [
+        "perfkit.engine.decode (engine) imports perfkit.experiment.runner (experiment)",
+        "perfkit.experiment.results (experiment) imports perfkit.probe.recording (probe)",
+    ]
+    assert cycles(edges) == [["perfkit.machine.a", "perfkit.machine.b"]]
+
+
+def test_function_level_and_submodule_imports_are_seen():
+    imports = imports_of(PACKAGE / "experiment" / "runner.py")
+    assert "perfkit.experiment.execute" in imports  # `from perfkit.experiment import execute as executor`
+    assert "perfkit.machine.utilization" in imports
+    assert "perfkit.experiment.hypothesis" not in imports_of(PACKAGE / "experiment" / "verdict.py")  # TYPE_CHECKING only
