@@ -1,59 +1,122 @@
+"""perfkit.stats by simulation against known truth, including the ugly cases: per-process offsets,
+slow drift inside a process (AR(1)), heavy tails. Fast: no notebooks, a few seconds in all."""
+
+import math
+import tracemalloc
+
 import numpy as np
 import pytest
 
 from perfkit import stats
 
 
+def ar1(rng, n, rho, scale=1.0, df=None):
+    """n samples of an AR(1) process with stationary sd `scale`; Student-t innovations when df is set."""
+    shocks = rng.standard_t(df, n) / math.sqrt(df / (df - 2)) if df else rng.standard_normal(n)
+    out = np.empty(n)
+    out[0] = shocks[0]
+    for i in range(1, n):
+        out[i] = rho * out[i - 1] + math.sqrt(1 - rho * rho) * shocks[i]
+    return scale * out
+
+
+def process(rng, truth, n, *, offset_sd, rho, noise, df=None):
+    """One process: a process-wide offset (allocator, layout), then drift and noise around it."""
+    return truth * (1 + rng.normal(0, offset_sd)) + ar1(rng, n, rho, noise * truth, df)
+
+
+def coverage(trials, draw, truth, estimate):
+    rng = np.random.default_rng(20261201)
+    hits = 0
+    for _ in range(trials):
+        est = estimate(draw(rng))
+        hits += est.low <= truth <= est.high
+    return hits / trials
+
+
+def test_t_quantiles_match_the_tables():
+    for df, expected in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (29, 2.0452)):
+        assert stats.t_quantile(0.975, df) == pytest.approx(expected, abs=1e-4)
+    assert stats.t_quantile(0.025, 4) == pytest.approx(-2.7764, abs=1e-4)
+    assert stats.t_cdf(0.0, 7) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(offset_sd=0.10, rho=0.0, noise=0.02),  # process offsets dominate
+        dict(offset_sd=0.05, rho=0.8, noise=0.05),  # offsets and slow drift
+        dict(offset_sd=0.05, rho=0.5, noise=0.10, df=3),  # heavy-tailed noise, drift
+    ],
+)
+def test_replicate_intervals_cover_the_truth_at_the_promised_rate(case):
+    truth = 2.0
+    for replicates in (3, 5):
+        cov = coverage(1000, lambda rng: [process(rng, truth, 60, **case) for _ in range(replicates)], truth,
+                       stats.mean_estimate)
+        assert 0.93 <= cov <= 0.99, (replicates, cov)
+
+
+def test_more_samples_in_one_process_do_not_fake_precision():
+    """With per-process offsets, the one-process interval covers the *process* mean, not the truth;
+    the replicate interval covers the truth. What pooling all samples as one would give: far less."""
+    truth = 1.0
+
+    def pooled_as_one(reps):
+        return stats.Estimate(*stats.interval(np.concatenate(reps)))  # every sample a unit: false precision
+
+    draw = lambda rng: [process(rng, truth, 200, offset_sd=0.1, rho=0.0, noise=0.02) for _ in range(5)]
+    assert coverage(300, draw, truth, stats.mean_estimate) >= 0.93
+    assert coverage(300, draw, truth, pooled_as_one) < 0.5
+
+
+def test_one_process_batch_means_survive_autocorrelation():
+    """Truth = the process mean (no offset). Batch means keep their coverage under AR(1) drift where
+    an interval that took each sample as independent would not."""
+    draw = lambda rng: [ar1(rng, 400, 0.7) + 5.0]
+    assert coverage(400, draw, 5.0, stats.mean_estimate) >= 0.90
+    naive = coverage(400, draw, 5.0, lambda reps: stats.Estimate(*stats.interval(reps[0])))
+    assert naive < 0.75
+
+
 def test_the_same_samples_give_the_same_interval_whoever_asks():
     data = list(np.random.default_rng(1).normal(10, 1, 30))
-    a = stats.mean_interval(data)
-    b = stats.mean_interval(np.array(data))  # another caller, another container: same numbers
-    other = stats.mean_interval(data[:-1] + [data[-1] + 1e-9])
-    assert a == b
-    assert a != other
-    assert a.low < a.value < a.high
-    assert stats.seed_of(np.array(data)) == stats.seed_of(np.array(data)) != stats.seed_of(np.array(data[:-1]))
-    # the seed covers the split between arrays, not only their concatenation
-    assert stats.seed_of(np.array([1.0]), np.array([2.0, 3.0])) != stats.seed_of(np.array([1.0, 2.0]), np.array([3.0]))
+    assert stats.mean_interval(data) == stats.mean_interval(np.array(data)) == stats.mean_estimate([data])
+    est = stats.mean_interval(data)
+    assert est.low < est.value < est.high and est.replicates == 1 and est.units == 10 and est.n == 30
 
 
-def test_bootstrap_interval_covers_the_true_mean_about_95_percent():
-    """Simulation: draw many samples from a known distribution and count how often the
-    interval holds the true mean (2.0 for an exponential with scale 2)."""
-    rng = np.random.default_rng(12345)
-    trials, covered = 400, 0
-    for t in range(trials):
-        sample = rng.exponential(2.0, size=60)
-        est = stats.mean_interval(list(sample), resamples=1000)
-        covered += est.low <= 2.0 <= est.high
-    assert 0.90 <= covered / trials <= 0.98
-
-
-def test_paired_ratio_is_tighter_than_unpaired_for_correlated_samples():
+def test_speedups_pool_on_the_log_scale_and_shares_as_they_are():
     rng = np.random.default_rng(3)
+    slow = [list(rng.normal(10, 0.5, 40) * f) for f in (1.0, 1.1, 0.9)]
+    fast = [list(np.array(s) / 4 * rng.normal(1, 0.01, 40)) for s in slow]
+    speedup = stats.ratio_estimate(slow, fast, paired=False)
+    assert speedup.low < 4.0 < speedup.high and speedup.replicates == 3
+    assert speedup.value == pytest.approx(4.0, rel=0.02)
     step = rng.normal(10, 2, 40)
     part = 0.3 * step + rng.normal(0, 0.05, 40)  # a phase that moves with its step
-    paired = stats.ratio_interval(list(part), list(step), paired=True)
-    unpaired = stats.ratio_interval(list(part), list(step), paired=False)
-    assert paired.value == pytest.approx(part.mean() / step.mean())
-    assert paired.low < 0.3 < paired.high
-    assert (paired.high - paired.low) < (unpaired.high - unpaired.low) / 3
+    share = stats.ratio_estimate([part], [step], paired=True, log=False)
+    assert share.low < 0.3 < share.high and share.high - share.low < 0.02
 
 
-def test_ratio_refuses_zero_denominator_and_unequal_pairs():
+def test_ratio_refuses_zero_denominator_unequal_pairs_and_mismatched_replicates():
     with pytest.raises(ValueError, match="zero"):
         stats.ratio_interval([1.0], [0.0, 0.0], paired=False)
     with pytest.raises(ValueError, match="differ in length"):
         stats.ratio_interval([1.0, 2.0], [1.0], paired=True)
+    with pytest.raises(ValueError, match="replicates"):
+        stats.ratio_estimate([[1.0], [2.0]], [[1.0]], paired=False)
 
 
-def test_slope_recovers_a_known_exponent():
+def test_slope_recovers_a_known_exponent_per_replicate():
     rng = np.random.default_rng(7)
     xs = [1000.0, 4000.0, 16000.0, 64000.0]
-    samples = [list(2e-6 * x**0.5 * rng.lognormal(0, 0.05, 20)) for x in xs]
-    est = stats.slope_interval(xs, samples)
-    assert est.low < 0.5 < est.high
-    assert est.high - est.low < 0.1
+    offsets = [1.0, 1.3, 0.8]  # each process is uniformly faster or slower: the exponent is the same
+    points = [[list(o * 2e-6 * x**0.5 * rng.lognormal(0, 0.05, 20)) for o in offsets] for x in xs]
+    est = stats.slope_estimate(xs, points)
+    assert est.low < 0.5 < est.high and est.high - est.low < 0.1 and est.replicates == 3
+    one = stats.slope_interval(xs, [p[0] for p in points])
+    assert one.low < 0.5 < one.high and one.replicates == 1
     assert stats.loglog_slope([1, 10, 100], [3, 30, 300]) == pytest.approx(1.0)
 
 
@@ -64,7 +127,32 @@ def test_slope_needs_two_points_and_positive_values():
         stats.slope_interval([1.0, 2.0], [[1.0], [0.0]])
 
 
-def test_instability_warnings():
-    assert stats.instability([1.0] * 20) == []
-    assert any("only 3 samples" in w for w in stats.instability([1.0, 1.0, 1.0]))
-    assert any("unstable: std is" in w for w in stats.instability([1.0, 2.0] * 10))
+def test_between_share_recovers_a_known_split():
+    rng = np.random.default_rng(11)
+    # between-process sd 1, within sd 1: ICC 0.5
+    icc = [stats.between_share([rng.normal(rng.normal(0, 1), 1, 50) for _ in range(40)]) for _ in range(20)]
+    assert 0.4 < float(np.mean(icc)) < 0.6
+    assert stats.between_share([rng.normal(0, 1, 50) for _ in range(5)]) < 0.2
+    assert stats.between_share([[1.0, 2.0, 3.0]]) is None
+
+
+def test_warnings_predict_trouble_and_stay_quiet_otherwise():
+    rng = np.random.default_rng(5)
+    noisy_but_fine = [list(rng.normal(10, 3, 50)) for _ in range(5)]  # std 30% of the mean, same process law
+    assert stats.warnings(noisy_but_fine) == []
+    offsets = [list(rng.normal(10 * f, 0.1, 50)) for f in (1.0, 1.5, 0.7)]
+    assert any("between-process spread dominates" in w for w in stats.warnings(offsets))
+    one = stats.warnings([list(ar1(rng, 200, 0.9) + 10)])
+    assert any("one process" in w for w in one) and any("autocorrelated" in w for w in one)
+
+
+def test_a_million_samples_stay_within_bounded_memory():
+    data = np.random.default_rng(0).normal(1.0, 0.1, 1_000_000)
+    tracemalloc.start()
+    est = stats.mean_estimate([data[:500_000], data[500_000:]])
+    stats.mean_interval(data)
+    stats.ratio_interval(data, data[::-1], paired=True)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 100 * 2**20
+    assert est.n == 1_000_000

@@ -93,7 +93,7 @@ def summary_line(payload: dict[str, Any]) -> str:
             + f"{units.format_quantity(est.value, unit)} [{units.format_number(est.low)}, {units.format_number(est.high)}]"
             + f" mean of n={s.n} (min {units.format_number(s.min)}, max {units.format_number(s.max)})"
         )
-        for warning in stats.instability(samples):
+        for warning in stats.warnings([samples]):
             text += f"\n  warning: {warning}"
     if payload.get("note"):
         text += f"\n  note: {payload['note']}"

@@ -152,7 +152,7 @@ def samples(point: Point, unit: str | None, min_samples: int) -> list[float]:
 
 def warnings_for(labelled: list[tuple[str, list[float]]]) -> tuple[str, ...]:
     """Instability warnings of each labelled set of samples, prefixed with its label."""
-    return tuple(f"{label}: {w}" for label, values in labelled for w in stats.instability(values))
+    return tuple(f"{label}: {w}" for label, values in labelled for w in stats.warnings([values]))
 
 
 # ---------------------------------------------------------------- comparing
