@@ -10,7 +10,6 @@ from perfkit.errors import UserError
 from perfkit.phases import PHASES, STEP, UNATTRIBUTED
 from perfkit.probe.spans import capture
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

@@ -6,10 +6,9 @@ import os
 import pytest
 import torch
 
-from perfkit.engine import checkpoints, data
+from perfkit.engine import bench, checkpoints, data
 from perfkit.engine.cli import main
 from perfkit.errors import UserError
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -60,7 +59,10 @@ def test_shipped_weights_are_small_and_documented():
     files = [checkpoints.CHECKPOINT_DIR / n for n in ("target.safetensors", "drafter.safetensors")]
     assert sum(os.path.getsize(f) for f in files) <= 20 * 2**20
     log = json.loads((checkpoints.CHECKPOINT_DIR / "train_log.json").read_text())
-    assert log["format"] == "perfkit-train-log"
+    from perfkit.engine import train
+
+    # the shipped log predates `format_version` (format 1 spelled it `format` and `version`)
+    assert log.get("format_version") == train.FORMAT_VERSION or log.get("format") == "perfkit-train-log"
     assert 0 < log["target"]["heldout"]["accuracy"] < 1
     assert len(log["drafter"]["heldout"]["slot_accuracy"]) == log["drafter_config"]["block"]
     engine = checkpoints.load_engine("shipped")
@@ -75,6 +77,7 @@ def test_training_is_deterministic(tmp_path):
     quiet = lambda line: None  # noqa: E731
     rec = train.train(train.TINY, out_dir=a, log=quiet)
     train.train(train.TINY, out_dir=b, log=quiet)
+    assert json.loads((a / "train_log.json").read_text())["format_version"] == train.FORMAT_VERSION
     for name in ("target.safetensors", "drafter.safetensors"):
         assert (a / name).read_bytes() == (b / name).read_bytes()
     assert rec["target"]["curve"] and rec["drafter"]["curve"]
@@ -88,7 +91,7 @@ def test_cli_bench_json(capsys):
     rc = main(["bench", "--ctx", "300", "--gen", "6", "--batch", "2", "--budget", "8", "--preset", "tiny-random", "--json"])
     assert rc == 0
     record = json.loads(capsys.readouterr().out)
-    assert record["format"] == "perfkit-engine-bench" and record["version"] == 1
+    assert record["format_version"] == bench.FORMAT_VERSION
     r = record["result"]
     assert r["prompt_tok"] == 600 and r["gen_tok"] == 12 and r["fill"] == "prefill"
     assert set(record["phases"]) >= {"step", "draft", "verify_forward", "unattributed"}
@@ -139,7 +142,7 @@ def test_benchmark_table_shows_every_figure():
 def test_tree_build_benchmark_runs_alone_and_checks_every_tree(capsys):
     assert main(["benchmarks", "--quick", "--only", "tree", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
-    assert set(record) == {"format", "version", "quick", "device", "threads", "tree_build"}
+    assert set(record) == {"format_version", "quick", "device", "threads", "tree_build"}
     rows = record["tree_build"]
     assert [(r["batch"], r["budget"]) for r in rows] == [(b, n) for n in (16, 64, 256) for b in (1, 8, 32, 128)]
     for r in rows:

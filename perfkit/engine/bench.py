@@ -1,9 +1,11 @@
-"""``perfkit engine bench``: one context-decode measurement, like the case study's bench script.
+"""`perfkit engine bench`: one context-decode measurement, like the case study's bench script.
 
-Fills a cache of ``--ctx`` tokens per request, generates ``--gen`` tokens, and prints one table row
+Fills a cache of `--ctx` tokens per request, generates `--gen` tokens, and prints one table row
 (ctx_req prompt_tok TTFT_s prefill_tok/s decode_tok/s gen_tok decode_wall accept_len) and the
 per-phase breakdown of the decode steps (from perfkit spans, with the unattributed remainder).
 A short warm-up generation runs first and is not reported.
+
+Format history (`format_version`) of the record: 1: keys `format` and `version`; 2: `format_version`.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
+from perfkit.files import VERSION_KEY
 from perfkit.phases import BREAKDOWN, STEP
 
-__all__ = ["BenchConfig", "run_bench", "format_bench", "APPROX_FROM"]
+__all__ = ["BenchConfig", "run_bench", "format_bench", "APPROX_FROM", "FORMAT_VERSION"]
 
+FORMAT_VERSION = 2
 APPROX_FROM = 4096  # --fill auto: approximate fill from this context on
 
 
@@ -60,11 +64,10 @@ def run_bench(cfg: BenchConfig, *, engine=None) -> dict:
         if values:
             phases[name] = {"mean_ms": statistics.fmean(values) * 1e3, "total_s": sum(values), "n": len(values)}
     step_mean = phases.get(STEP, {}).get("mean_ms", float("nan"))
-    for name, row in phases.items():
+    for row in phases.values():
         row["share"] = row["mean_ms"] / step_mean if step_mean else float("nan")
     return {
-        "format": "perfkit-engine-bench",
-        "version": 1,
+        VERSION_KEY: FORMAT_VERSION,
         "config": asdict(cfg) | {"fill": fill},
         "engine": {
             "preset": engine.preset,

@@ -1,4 +1,4 @@
-"""``perfkit engine benchmarks``: the engine's headline figures, each ratio measured side by side.
+"""`perfkit engine benchmarks`: the engine's headline figures, each ratio measured side by side.
 
 1. Accept length of the shipped weights on held-out text, and spec vs AR decode tok/s at ~1k
    context, batch 1 (AR and spec runs alternate, median of the repeats).
@@ -6,18 +6,26 @@
    alternating, the speedup with its interval (the heap timing includes the copy of the log-probs
    to the host, which the heap path needs).
 3. Verify mask, compact vs naive, over context x batch at 32 tree nodes (prepare_for_verify only).
+Every time is taken by `perfkit.bench`.
+
+Format history (`format_version`) of the record: 1 and 2: keys `format` and `version`; 3: `format_version`.
 """
 
 from __future__ import annotations
 
 import statistics
+from functools import partial
+
+from perfkit.files import VERSION_KEY
+from perfkit.probe.timing import bench
 
 __all__ = ["run_benchmarks", "format_benchmarks", "tree_build_figures", "mask_figures", "spec_figures", "SECTIONS"]
 
 
-def _median_s(fn, *, quick: bool) -> float:
-    from perfkit.probe.timing import bench
+FORMAT_VERSION = 3
 
+
+def _median_s(fn, *, quick: bool) -> float:
     samples = bench(fn, warmup=2 if quick else 3, repeat=5 if quick else 15, min_time_s=0.05 if quick else 0.3)
     return statistics.median(samples)
 
@@ -26,8 +34,8 @@ TEMPERATURES = (0.0, 0.5, 1.0)  # accept length greedy and sampled (seed 0)
 
 
 def spec_figures(*, quick: bool, device: str = "cpu", budget: int = 32, budgets: tuple = (4, 8, 16, 32)) -> dict:
-    """Accept length on held-out prompts at ``budget``, greedy and sampled; spec vs AR decode speed
-    at ~1k context, batch 1, for each of ``budgets`` (AR and spec runs alternate; medians of the
+    """Accept length on held-out prompts at `budget`, greedy and sampled; spec vs AR decode speed
+    at ~1k context, batch 1, for each of `budgets` (AR and spec runs alternate; medians of the
     repeats)."""
     from perfkit.engine import data
     from perfkit.engine.checkpoints import load_engine
@@ -71,13 +79,27 @@ def spec_figures(*, quick: bool, device: str = "cpu", budget: int = 32, budgets:
 
 
 def _draft_like(batch: int, depth: int, ranks: int, seed: int):
-    """Top-``ranks`` log-probs [B, K, R] shaped like a drafter's: peaked, flatter with depth."""
+    """Top-`ranks` log-probs [B, K, R] shaped like a drafter's: peaked, flatter with depth."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     temps = torch.linspace(4.0, 1.5, depth)[None, :, None]
     logits = torch.randn(batch, depth, 256, generator=gen) * temps
     return logits.log_softmax(-1).topk(ranks, dim=-1).values
+
+
+def _alternating_times(drafts: list, budget: int, *, pairs: int, sync: str) -> dict[str, list[float]]:
+    """Seconds per build of each tree builder, the builders alternating on the same draft, a new
+    draft each pair; two more pairs run first, as warm-up."""
+    from perfkit.kernels.tree_build import BUILDERS
+
+    times = {name: [] for name in BUILDERS}
+    for i in range(pairs + 2):
+        for name, build in BUILDERS.items():
+            (seconds,) = bench(partial(build, drafts[i % len(drafts)], budget), warmup=0, repeat=1, sync=sync)
+            if i >= 2:
+                times[name].append(seconds)
+    return times
 
 
 def tree_build_figures(*, quick: bool, device: str = "cpu") -> list[dict]:
@@ -88,15 +110,12 @@ def tree_build_figures(*, quick: bool, device: str = "cpu") -> list[dict]:
     builder gets to replay one input's branches; heap and vectorized alternate on the same input,
     and the speedup is the ratio of their mean times over those pairs, with a 95% interval. On
     CUDA the heap's time includes the copy of the log-probs to the host that it needs, and both
-    are timed up to a synchronisation."""
-    import time
-
+    are timed up to a synchronisation (`bench(sync="each")`)."""
     import torch
 
     from perfkit.kernels.tree_build import build_tree_heap, build_tree_vectorized
     from perfkit.stats import ratio_interval
 
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     pairs = 12 if quick else 40
     rows = []
     for budget in (16, 64, 256):
@@ -106,15 +125,7 @@ def tree_build_figures(*, quick: bool, device: str = "cpu") -> list[dict]:
             for lp in drafts:
                 a, b = build_tree_heap(lp, budget), build_tree_vectorized(lp, budget)
                 same &= all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("ranks", "parents", "depths", "scores"))
-            times = {"heap": [], "vectorized": []}
-            for i in range(pairs + 2):  # the first two pairs warm up
-                for name, build in (("heap", build_tree_heap), ("vectorized", build_tree_vectorized)):
-                    sync()
-                    start = time.perf_counter()
-                    build(drafts[i % len(drafts)], budget)
-                    sync()
-                    if i >= 2:
-                        times[name].append(time.perf_counter() - start)
+            times = _alternating_times(drafts, budget, pairs=pairs, sync="each" if device == "cuda" else "none")
             speedup = ratio_interval(times["heap"], times["vectorized"], paired=True)
             rows.append({
                 "batch": batch, "budget": budget, "pairs": pairs,
@@ -142,8 +153,8 @@ def mask_figures(*, quick: bool, device: str = "cpu", nodes: int = 32) -> list[d
         block = ancestors(tree.parents, 8)
         for ctx in (1024, 8192, 32768, 65536):
             lens = torch.full((batch,), ctx, dtype=torch.int64, device=device)
-            naive = _median_s(lambda: prepare_for_verify_naive(lens, block, 8), quick=quick)
-            compact = _median_s(lambda: prepare_for_verify_compact(lens, block, 8), quick=quick)
+            naive = _median_s(partial(prepare_for_verify_naive, lens, block, 8), quick=quick)
+            compact = _median_s(partial(prepare_for_verify_compact, lens, block, 8), quick=quick)
             rows.append({"batch": batch, "ctx": ctx, "nodes": nodes, "naive_ms": naive * 1e3, "compact_ms": compact * 1e3, "speedup": naive / compact})
     return rows
 
@@ -154,7 +165,7 @@ SECTIONS = {"spec": ("spec_vs_ar", spec_figures), "tree": ("tree_build", tree_bu
 def run_benchmarks(*, quick: bool = False, device: str = "cpu", only: tuple = tuple(SECTIONS)) -> dict:
     import torch
 
-    record = {"format": "perfkit-engine-benchmarks", "version": 2, "quick": quick, "device": device, "threads": torch.get_num_threads()}
+    record = {VERSION_KEY: FORMAT_VERSION, "quick": quick, "device": device, "threads": torch.get_num_threads()}
     for name in dict.fromkeys(only):
         key, figures = SECTIONS[name]
         record[key] = figures(quick=quick, device=device)

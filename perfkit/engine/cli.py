@@ -1,7 +1,7 @@
-"""``perfkit engine bench|benchmarks|train``: the engine's command line.
+"""`perfkit engine bench|benchmarks|train`: the engine's command line.
 
-The top-level ``perfkit`` command hands ``perfkit engine <rest>`` to :func:`main`; it also runs
-as ``python -m perfkit.engine.cli <rest>``. Exit status: 0 success, 2 a usage or user error.
+The top-level `perfkit` command hands `perfkit engine <rest>` to `main`; it also runs
+as `python -m perfkit.engine.cli <rest>`. Exit status: 0 success, 2 a usage or user error.
 """
 
 from __future__ import annotations
@@ -21,6 +21,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
+    """Every choice comes from the constant that defines it, so a new builder or preset shows up here."""
+    from perfkit.engine.benchmarks import SECTIONS
+    from perfkit.engine.checkpoints import DTYPES, PRESETS
+    from perfkit.engine.decode import FILLS, MODES
+    from perfkit.kernels import tree_build, verify_mask
+
     top = _Parser(prog="perfkit engine", description="The bundled speculative-decoding engine.")
     sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -29,15 +35,15 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--gen", type=int, required=True, help="tokens to generate per request")
     b.add_argument("--batch", type=int, default=1)
     b.add_argument("--budget", type=int, default=32, help="draft tree nodes per step")
-    b.add_argument("--mode", choices=("spec", "ar"), default="spec")
-    b.add_argument("--mask", choices=("naive", "compact"), default="compact")
-    b.add_argument("--tree", choices=("heap", "vectorized"), default="vectorized")
+    b.add_argument("--mode", choices=MODES, default="spec")
+    b.add_argument("--mask", choices=tuple(verify_mask.BUILDERS), default="compact")
+    b.add_argument("--tree", choices=tuple(tree_build.BUILDERS), default="vectorized")
     b.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    b.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
-    b.add_argument("--preset", choices=("shipped", "tiny-random", "moe-random"), default="shipped")
+    b.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
+    b.add_argument("--preset", choices=PRESETS, default="shipped")
     b.add_argument(
         "--fill",
-        choices=("auto", "prefill", "approx"),
+        choices=("auto", *FILLS),
         default="auto",
         help="how the cache is filled; auto = approx from 4096 tokens of context (labelled in the output)",
     )
@@ -50,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--quick", action="store_true", help="fewer repeats and prompts")
     m.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     m.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    m.add_argument("--only", action="append", choices=("spec", "tree", "mask"), help="just these sections (repeatable; default: all)")
+    m.add_argument("--only", action="append", choices=tuple(SECTIONS),
+                   help="just these sections (repeatable; default: all)")
     m.add_argument("--json", action="store_true")
 
     sub.add_parser("train", help="train the shipped target and drafter (deterministic); see `train --help`", add_help=False)
@@ -94,9 +101,9 @@ def main(argv: list[str]) -> int:
             print(json.dumps(record, indent=1, sort_keys=True) if args.json else format_bench(record))
             return 0
         if args.command == "benchmarks":
-            from perfkit.engine.benchmarks import format_benchmarks, run_benchmarks
+            from perfkit.engine.benchmarks import SECTIONS, format_benchmarks, run_benchmarks
 
-            record = run_benchmarks(quick=args.quick, device=args.device, only=tuple(args.only or ("spec", "tree", "mask")))
+            record = run_benchmarks(quick=args.quick, device=args.device, only=tuple(args.only or SECTIONS))
             print(json.dumps(record, indent=1, sort_keys=True) if args.json else format_benchmarks(record))
             return 0
         raise AssertionError(f"unhandled command {args.command}")

@@ -1,19 +1,21 @@
 """Train the shipped target and drafter: deterministic, byte-level, on the stdlib's own source.
 
-    python -m perfkit.engine.train [--out DIR] [--quick]      (or ``perfkit engine train``)
+    python -m perfkit.engine.train [--out DIR] [--quick]      (or `perfkit engine train`)
 
-1. Target: next-byte prediction on random windows of ``data.training_text()`` (AdamW, cosine).
+1. Target: next-byte prediction on random windows of `data.training_text()` (AdamW, cosine).
 2. Rollouts: the trained target decodes greedily from training-text prompts, keeping every
    position's token and final hidden state. Each generated position is a drafter example: the
-   hidden state that predicted the root, the root, the window of the ``window`` positions before
-   it, and the next ``block`` greedy tokens as labels. The drafter thus learns the target's own
+   hidden state that predicted the root, the root, the window of the `window` positions before
+   it, and the next `block` greedy tokens as labels. The drafter thus learns the target's own
    continuations, the thing acceptance compares against.
 3. Drafter: cross-entropy of each slot against those tokens.
-Held-out bytes (``data.heldout_text()``) measure the target's loss and accuracy and, through
-held-out rollouts, the drafter's per-slot accuracy; all of it goes to ``train_log.json``.
+Held-out bytes (`data.heldout_text()`) measure the target's loss and accuracy and, through
+held-out rollouts, the drafter's per-slot accuracy; all of it goes to `train_log.json`.
 
-Fixed seeds, a seeded generator for every random draw and ``torch.use_deterministic_algorithms``:
+Fixed seeds, a seeded generator for every random draw and `torch.use_deterministic_algorithms`:
 the same machine and thread count give the same weights.
+
+Format history (`format_version`) of train_log.json: 1: keys `format` and `version`; 2: `format_version`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import math
 import os
 import platform
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -37,9 +38,12 @@ from perfkit.engine.checkpoints import CHECKPOINT_DIR, load_weights, save_weight
 from perfkit.engine.drafter import BlockDrafter, DrafterConfig
 from perfkit.engine.model import KVCache, ModelConfig, Transformer
 from perfkit.errors import UserError
+from perfkit.files import read_json, write_json
 from perfkit.kernels.verify_mask import causal_mask
 
-__all__ = ["TARGET", "DRAFTER", "Settings", "train", "main"]
+__all__ = ["TARGET", "DRAFTER", "Settings", "train", "main", "FORMAT_VERSION"]
+
+FORMAT_VERSION = 2
 
 TARGET = ModelConfig(
     vocab_size=data.VOCAB_SIZE, d_model=192, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=48, d_ff=512
@@ -85,7 +89,7 @@ TINY = Settings(  # for tests: seconds, useless weights
 
 
 def _update(opt, loss, module) -> None:
-    """One optimizer step: gradients of ``loss``, clipped to norm 1, applied."""
+    """One optimizer step: gradients of `loss`, clipped to norm 1, applied."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
@@ -100,7 +104,7 @@ def _lr(step: int, total: int, peak: float, warmup: int) -> float:
 
 
 def _windows(text: torch.Tensor, n: int, length: int, gen: torch.Generator) -> torch.Tensor:
-    """n random windows of ``length`` bytes, [n, length] int64."""
+    """n random windows of `length` bytes, [n, length] int64."""
     starts = torch.randint(0, text.numel() - length, (n,), generator=gen)
     return torch.stack([text[s : s + length] for s in starts.tolist()]).long()
 
@@ -121,7 +125,7 @@ def _optimizer(model, lr):
 
 @torch.no_grad()
 def evaluate_target(target: Transformer, windows: torch.Tensor) -> dict:
-    """Mean next-byte loss (nats), bits per byte and top-1 accuracy over ``windows``."""
+    """Mean next-byte loss (nats), bits per byte and top-1 accuracy over `windows`."""
     target.eval()
     losses, hits, count = 0.0, 0, 0
     for chunk in windows.split(16):
@@ -162,14 +166,14 @@ def train_target(settings: Settings, text: torch.Tensor, held: torch.Tensor, log
 class Rollouts:
     """Greedy continuations, cut to what drafter examples need: the last W + 1 prompt positions
     and the generated ones. tokens [S, W + 1 + G]; hidden [S, W + 1 + G, D], the target's final
-    hidden state at each position (fp16 to halve the memory); generated tokens start at ``start``."""
+    hidden state at each position (fp16 to halve the memory); generated tokens start at `start`."""
 
     tokens: torch.Tensor
     hidden: torch.Tensor
     start: int
 
     def examples(self, rows: torch.Tensor, roots: torch.Tensor):
-        """Drafter inputs and labels for roots at columns ``roots`` of rollouts ``rows`` (both [M]):
+        """Drafter inputs and labels for roots at columns `roots` of rollouts `rows` (both [M]):
         (root [M], window tokens [M, W], window hidden [M, W, D], labels [M, K])."""
         w, k = DRAFTER.window, DRAFTER.block
         win = roots[:, None] - w + torch.arange(w)  # [M, W], ends at the state that predicted the root
@@ -184,13 +188,13 @@ class Rollouts:
 
     @property
     def roots(self) -> range:
-        """Root columns with a full window before and ``block`` labels after (generated text only)."""
+        """Root columns with a full window before and `block` labels after (generated text only)."""
         return range(self.start, self.tokens.shape[1] - DRAFTER.block)
 
 
 @torch.no_grad()
 def rollouts(target: Transformer, prompts: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy continuations of ``prompts`` [B, P]: tokens [B, P + length] and the final hidden
+    """Greedy continuations of `prompts` [B, P]: tokens [B, P + length] and the final hidden
     state at every position [B, P + length, D] (position t's state predicts token t + 1)."""
     b, p = prompts.shape
     cache = KVCache(TARGET, batch=b, capacity=p + length, device="cpu", dtype=torch.float32)
@@ -211,7 +215,7 @@ def rollouts(target: Transformer, prompts: torch.Tensor, length: int) -> tuple[t
 
 
 def _all_examples(roll: Rollouts, limit: int):
-    """A deterministic evaluation set: every root position of the first rollouts, up to ``limit``."""
+    """A deterministic evaluation set: every root position of the first rollouts, up to `limit`."""
     rows = torch.arange(roll.tokens.shape[0]).repeat_interleave(len(roll.roots))
     roots = torch.tensor(list(roll.roots)).repeat(roll.tokens.shape[0])
     return rows[:limit], roots[:limit]
@@ -266,7 +270,7 @@ def train_drafter(settings: Settings, roll: Rollouts, held: Rollouts, log) -> tu
 
 
 def collect_rollouts(target: Transformer, text: torch.Tensor, settings: Settings, batches: int, batch: int, seed: int, log) -> Rollouts:
-    """``batches`` batches of greedy rollouts, prompt lengths cycling through ``rollout_prompts``
+    """`batches` batches of greedy rollouts, prompt lengths cycling through `rollout_prompts`
     (long prompts put the drafter's examples at the positions long contexts reach)."""
     gen = torch.Generator().manual_seed(seed)
     keep = DRAFTER.window + 1  # prompt positions a drafter example can look back to
@@ -284,8 +288,6 @@ def collect_rollouts(target: Transformer, text: torch.Tensor, settings: Settings
 def _record_base(settings: Settings) -> dict:
     train_files, held_files = data.corpus_files()
     return {
-        "format": "perfkit-train-log",
-        "version": 1,
         "settings": asdict(settings),
         "target_config": TARGET.to_dict(),
         "drafter_config": DRAFTER.to_dict(),
@@ -312,14 +314,14 @@ def _stage_one(settings: Settings, out: Path, text, held, log) -> tuple[Transfor
         "wall_s": round(time.perf_counter() - t0, 1),
     }
     save_weights(out / "target.safetensors", target.state_dict(), config=TARGET.to_dict())
-    _write_json(out / "train_log.json", _record_base(settings) | {"target": section})
+    write_json(out / "train_log.json", _record_base(settings) | {"target": section}, version=FORMAT_VERSION)
     return target, section
 
 
 def _reuse_stage_one(settings: Settings, out: Path, log) -> tuple[Transformer, dict]:
-    """The target a previous run of this script wrote to ``out`` with the same settings."""
+    """The target a previous run of this script wrote to `out` with the same settings."""
     weights, config, _ = load_weights(out / "target.safetensors")
-    previous = json.loads((out / "train_log.json").read_text())
+    previous = read_json(out / "train_log.json")  # any format version: the fields compared never changed
     same = json.loads(json.dumps(_record_base(settings)))  # tuples become lists, as stored
     for key in ("settings", "target_config", "corpus", "machine"):
         if previous.get(key) != same[key]:
@@ -333,9 +335,9 @@ def _reuse_stage_one(settings: Settings, out: Path, log) -> tuple[Transformer, d
 
 
 def train(settings: Settings = Settings(), *, out_dir: str | Path = CHECKPOINT_DIR, log=print, reuse_target: bool = False) -> dict:
-    """Train both models, write ``target.safetensors``, ``drafter.safetensors`` and ``train_log.json``.
+    """Train both models, write `target.safetensors`, `drafter.safetensors` and `train_log.json`.
 
-    ``reuse_target``: skip stage 1 and take the target this script already wrote to ``out_dir``
+    `reuse_target`: skip stage 1 and take the target this script already wrote to `out_dir`
     with identical settings (the drafter stage depends only on that target and the settings).
     """
     torch.set_num_threads(settings.threads)
@@ -372,18 +374,8 @@ def train(settings: Settings = Settings(), *, out_dir: str | Path = CHECKPOINT_D
             "wall_s": {"rollouts": round(rollout_s, 1), "training": round(drafter_s, 1)},
         },
     }
-    _write_json(out / "train_log.json", record)
+    write_json(out / "train_log.json", record, version=FORMAT_VERSION)
     return record
-
-
-def _write_json(path: Path, record: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:

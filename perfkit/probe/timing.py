@@ -6,31 +6,72 @@ Warm-up calls run first and are thrown away (allocator, caches, lazy initialisat
 On CUDA each repetition is bracketed by CUDA events on the current stream and the device is
 synchronised once, before reading them, so asynchronous launches are neither missed (no sync at all)
 nor inflated (a sync per call adds the launch queue drain to every sample). On the CPU the host
-clock is used. ``inner`` repeats the call inside one sample for functions too short for the clock.
+clock is used. `inner` repeats the call inside one sample for functions too short for the clock.
+`sync="each"` is the host clock with the device synchronised around every call: the whole cost of
+work that mixes host and device (a copy to the host, then Python), or what a sync per call costs.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["bench"]
 
+SYNCS = ("auto", "cuda", "each", "none")
+
 
 def _cuda_for(sync: str):
+    if sync not in SYNCS:
+        raise ValueError(f"sync must be one of {', '.join(SYNCS)}, got {sync!r}")
     if sync == "none":
         return None
     torch = sys.modules.get("torch")
-    if sync == "cuda":
-        if torch is None or not torch.cuda.is_available():
-            raise ValueError("bench(sync='cuda') needs torch with a CUDA device")
-        return torch.cuda
     if sync != "auto":
-        raise ValueError(f"sync must be 'auto', 'cuda' or 'none', got {sync!r}")
+        if torch is None or not torch.cuda.is_available():
+            raise ValueError(f"bench(sync={sync!r}) needs torch with a CUDA device")
+        return torch.cuda
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch.cuda
     return None
+
+
+def _more(count: int, spent: float, repeat: int, min_time_s: float | None) -> bool:
+    return count < repeat or (min_time_s is not None and spent < min_time_s)
+
+
+def _by_events(fn, cuda, *, repeat: int, min_time_s: float | None, inner: int) -> list[float]:
+    cuda.synchronize()
+    pairs = []
+    t_start = time.perf_counter()
+    while _more(len(pairs), time.perf_counter() - t_start, repeat, min_time_s):  # host time bounds the loop
+        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        pairs.append((start, end))
+    cuda.synchronize()
+    return [s.elapsed_time(e) / 1e3 / inner for s, e in pairs]
+
+
+def _by_host_clock(fn, drain, *, repeat: int, min_time_s: float | None, inner: int) -> list[float]:
+    """`drain`: the device synchronisation to run after every call, or None (nothing added to the loop)."""
+    call = fn if drain is None else (lambda: (fn(), drain()))
+    samples: list[float] = []
+    spent = 0.0
+    clock = time.perf_counter
+    while _more(len(samples), spent, repeat, min_time_s):
+        if drain is not None:
+            drain()  # outside the sample: what earlier calls left queued is not this sample's
+        t0 = clock()
+        for _ in range(inner):
+            call()
+        dt = clock() - t0
+        spent += dt
+        samples.append(dt / inner)
+    return samples
 
 
 def bench(
@@ -42,39 +83,18 @@ def bench(
     inner: int = 1,
     sync: str = "auto",
 ) -> list[float]:
-    """Seconds per call of ``fn()``, one sample per repetition (``inner`` calls averaged).
+    """Seconds per call of `fn()`, one sample per repetition (`inner` calls averaged).
 
-    Runs at least ``repeat`` samples, and more until ``min_time_s`` of measured time when given.
-    ``sync``: "auto" (CUDA events when torch has initialised CUDA), "cuda" or "none" (host clock).
+    Runs at least `repeat` samples, and more until `min_time_s` of measured time when given.
+    `sync`: "auto" (CUDA events when torch has initialised CUDA), "cuda" (CUDA events), "each"
+    (host clock, the device synchronised after every call) or "none" (host clock only).
     """
     if repeat < 1 or inner < 1 or warmup < 0:
         raise ValueError("bench needs repeat >= 1, inner >= 1 and warmup >= 0")
     cuda = _cuda_for(sync)
     for _ in range(warmup):
         fn()
-    if cuda is not None:
-        cuda.synchronize()
-        pairs = []
-        spent = 0.0
-        t_start = time.perf_counter()
-        while len(pairs) < repeat or (min_time_s is not None and spent < min_time_s):
-            start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(inner):
-                fn()
-            end.record()
-            pairs.append((start, end))
-            spent = time.perf_counter() - t_start  # host time bounds the loop; events give samples
-        cuda.synchronize()
-        return [s.elapsed_time(e) / 1e3 / inner for s, e in pairs]
-    samples: list[float] = []
-    spent = 0.0
-    clock = time.perf_counter
-    while len(samples) < repeat or (min_time_s is not None and spent < min_time_s):
-        t0 = clock()
-        for _ in range(inner):
-            fn()
-        dt = clock() - t0
-        spent += dt
-        samples.append(dt / inner)
-    return samples
+    if cuda is not None and sync != "each":
+        return _by_events(fn, cuda, repeat=repeat, min_time_s=min_time_s, inner=inner)
+    drain = cuda.synchronize if cuda is not None else None
+    return _by_host_clock(fn, drain, repeat=repeat, min_time_s=min_time_s, inner=inner)
