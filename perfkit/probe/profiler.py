@@ -1,28 +1,23 @@
-"""Hand a probe to the heavy tools: a torch.profiler trace, and Nsight Compute metrics.
+"""Hand a probe to torch.profiler: a Chrome trace of the whole execution and its top operators.
 
-``perfkit run --profile torch`` injects ``start(trace_path)`` as the probe's first cell and
-``stop()`` as its last: the whole execution is recorded, the Chrome trace (open it in Perfetto or
-chrome://tracing) is saved in the run, and the top operators are printed in the notebook.
+`perfkit run --profile torch` injects `start(trace_path)` as the probe's first cell and
+`stop()` as its last: the whole execution is recorded, the Chrome trace (open it in Perfetto or
+chrome://tracing) is saved in the run, and the top operators are printed in the notebook and
+saved next to the trace as `<trace>.top.json`.
 
-``ncu_metrics`` collects Nsight Compute metrics for a kernel through nsight-python (the optional
-``perfkit[nsight]`` extra) when ``ncu``, the package and a CUDA device are all present. Otherwise
-it returns a result that says "unavailable: <why>" and holds no samples, which the verdict layer
-turns into *inconclusive* with that reason, never into an error or a pass.
+Format history (`format_version`) of `<trace>.top.json`: 1: first format (the key was `format`); 2: `format_version`.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import math
-import shutil
-from dataclasses import dataclass, field
+import tempfile
 from pathlib import Path
-from typing import Callable
 
-__all__ = ["start", "stop", "active", "top_operators", "format_top", "NcuResult", "ncu_unavailable", "ncu_metrics"]
+from perfkit.files import write_atomic, write_json
 
-_INSTALL = "pip install 'perfkit[nsight]'"
+__all__ = ["start", "stop", "active", "top_operators", "format_top", "FORMAT_VERSION"]
+
+FORMAT_VERSION = 2
 
 _session: dict | None = None  # {"profile": torch.profiler.profile, "path": str}
 
@@ -31,12 +26,12 @@ _session: dict | None = None  # {"profile": torch.profiler.profile, "path": str}
 
 
 def active() -> bool:
-    """Whether a torch.profiler capture started by :func:`start` is running."""
+    """Whether a torch.profiler capture started by `start` is running."""
     return _session is not None
 
 
 def start(trace_path: str) -> None:
-    """Start recording every operator (CPU, and CUDA kernels when present) until :func:`stop`."""
+    """Start recording every operator (CPU, and CUDA kernels when present) until `stop`."""
     global _session
     if _session is not None:
         raise RuntimeError(f"perfkit.probe.profiler already recording to {_session['path']}; call stop() first")
@@ -53,7 +48,7 @@ def start(trace_path: str) -> None:
 
 def stop(*, limit: int = 15) -> str | None:
     """Stop recording, save the Chrome trace at the path given to start() and print the top
-    operators (also saved next to it as ``<trace>.top.json``). None when nothing was recording."""
+    operators (also saved next to it as `<trace>.top.json`). None when nothing was recording."""
     global _session
     if _session is None:
         print("perfkit.probe.profiler.stop(): no capture was started; nothing saved")
@@ -62,14 +57,12 @@ def stop(*, limit: int = 15) -> str | None:
     prof = session["profile"]
     prof.stop()
     path = Path(session["path"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    prof.export_chrome_trace(str(tmp))
-    tmp.replace(path)
+    with tempfile.TemporaryDirectory() as scratch:  # torch writes the trace to a path; write_atomic publishes it
+        exported = Path(scratch) / path.name
+        prof.export_chrome_trace(str(exported))
+        write_atomic(path, exported.read_bytes())
     rows = top_operators(prof.key_averages(), limit=limit, by_device=session["cuda"])
-    from perfkit.files import write_atomic
-
-    write_atomic(path.with_name(path.name + ".top.json"), json.dumps({"format": 1, "operators": rows}, indent=1) + "\n")
+    write_json(path.with_name(path.name + ".top.json"), {"operators": rows}, version=FORMAT_VERSION)
     print(f"torch.profiler trace: {path}")
     print(format_top(rows))
     return str(path)
@@ -78,7 +71,7 @@ def stop(*, limit: int = 15) -> str | None:
 def top_operators(averages, *, limit: int = 15, by_device: bool = False) -> list[dict]:
     """The operators with the most self time (device time on CUDA), times in microseconds.
 
-    ``averages``: ``profile.key_averages()`` (any iterable of objects with torch's field names).
+    `averages`: `profile.key_averages()` (any iterable of objects with torch's field names).
     """
     rows = []
     for ev in averages:
@@ -103,7 +96,7 @@ def top_operators(averages, *, limit: int = 15, by_device: bool = False) -> list
 
 
 def format_top(rows: list[dict]) -> str:
-    """Aligned text table of :func:`top_operators` rows, with each one's share of all self CPU time."""
+    """Aligned text table of `top_operators` rows, with each one's share of all self CPU time."""
     if not rows:
         return "(no operators recorded)"
     show_dev = any(r["self_device_us"] for r in rows)
@@ -119,76 +112,3 @@ def format_top(rows: list[dict]) -> str:
         line += f" {r['self_device_us'] / 1e3:>15.3f}" if show_dev else ""
         lines.append(line)
     return "\n".join(lines)
-
-
-# --- Nsight Compute through nsight-python ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NcuResult:
-    """Nsight Compute metrics of one annotated kernel region, or why there are none."""
-
-    available: bool
-    reason: str  # "" when available, else "unavailable: <why>"
-    label: str
-    metrics: dict[str, dict] = field(default_factory=dict)  # metric -> mean, std, min, max, n, unit
-
-    def value(self, metric: str) -> float | None:
-        m = self.metrics.get(metric)
-        return None if m is None else m["mean"]
-
-    def samples(self, metric: str) -> list[float]:
-        """The metric's mean as one sample, or [] when unavailable (so the verdict is inconclusive)."""
-        v = self.value(metric)
-        return [] if v is None or not math.isfinite(v) else [v]
-
-
-def ncu_unavailable() -> str | None:
-    """None when Nsight Compute metrics can be collected here, else "unavailable: <why>"."""
-    if importlib.util.find_spec("nsight") is None:
-        return f"unavailable: nsight-python is not installed ({_INSTALL})"
-    if shutil.which("ncu") is None:
-        return "unavailable: Nsight Compute's `ncu` is not on PATH (install the CUDA toolkit or Nsight Compute)"
-    import torch
-
-    if not torch.cuda.is_available():
-        return "unavailable: no CUDA device (Nsight Compute profiles GPU kernels)"
-    return None
-
-
-def ncu_metrics(fn: Callable[[], object], *, label: str,
-                metrics: tuple[str, ...] = ("gpu__time_duration.sum", "dram__bytes.sum"),
-                runs: int = 5) -> NcuResult:
-    """Run ``fn()`` under Nsight Compute ``runs`` times and return the metrics of its kernels
-    (summed over the kernels ``fn`` launches), or an unavailable result with the reason."""
-    reason = ncu_unavailable()
-    if reason is not None:
-        return NcuResult(available=False, reason=reason, label=label)
-    import nsight
-
-    @nsight.analyze.kernel(configs=[(label,)], runs=runs, metrics=list(metrics),
-                           combine_kernel_metrics=lambda a, b: a + b, output="quiet")
-    def _profiled(region):
-        with nsight.annotate(region):
-            fn()
-
-    try:
-        frame = _profiled().to_dataframe()
-    except Exception as exc:  # noqa: BLE001 - e.g. no permission for GPU counters: a reason, not a pass
-        return NcuResult(available=False, reason=f"unavailable: ncu failed: {type(exc).__name__}: {exc}", label=label)
-    return NcuResult(available=True, reason="", label=label, metrics=_metrics_from_rows(frame.to_dict("records")))
-
-
-def _metrics_from_rows(rows: list[dict]) -> dict[str, dict]:
-    """nsight-python's aggregated rows (one per metric) as plain JSON-able numbers."""
-    out = {}
-    for r in rows:
-        out[str(r["Metric"])] = {
-            "mean": float(r["AvgValue"]),
-            "std": float(r.get("StdDev", float("nan"))),
-            "min": float(r.get("MinValue", float("nan"))),
-            "max": float(r.get("MaxValue", float("nan"))),
-            "n": int(r.get("NumRuns", 0)),
-            "unit": None if r.get("Unit") is None or r.get("Unit") != r.get("Unit") else str(r["Unit"]),
-        }
-    return out
