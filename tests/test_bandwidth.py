@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from perfkit.machine import bandwidth
 from perfkit.errors import UserError
+from perfkit.files import VERSION_KEY, write_json
+from perfkit.machine import bandwidth
 
 MIB = 2**20
 
@@ -23,7 +24,14 @@ def test_stream_counts_two_arrays_for_copy_and_three_for_triad(monkeypatch):
     import torch
 
     durations = iter([[0.01, 0.02], [0.03, 0.03]])  # copy, then triad
-    monkeypatch.setattr(bandwidth, "_time_cpu", lambda fn, warmup, repeat: (fn(), next(durations))[1])
+    seen = []
+
+    def fake_bench(fn, *, warmup, repeat, sync):
+        seen.append(sync)
+        fn()
+        return next(durations)
+
+    monkeypatch.setattr(bandwidth, "bench", fake_bench)
     copy, triad = bandwidth._stream(torch, "cpu", array_bytes=4 * MIB, warmup=0, repeat=2)
     nbytes = 4 * MIB
     assert copy.samples == (2 * nbytes / 0.01, 2 * nbytes / 0.02)
@@ -32,48 +40,49 @@ def test_stream_counts_two_arrays_for_copy_and_three_for_triad(monkeypatch):
     assert triad.samples == (3 * nbytes / 0.03,) * 2
     assert triad.low == triad.mean == triad.high  # identical samples: a zero-width interval
     assert (copy.unit, triad.unit, copy.size) == ("B/s", "B/s", nbytes)
+    assert seen == ["none", "none"]  # the host clock on the CPU (CUDA events on a GPU)
 
 
 def test_measure_on_cpu_gives_figures_with_intervals(monkeypatch):
     m = bandwidth.measure(cuda=False, array_bytes=8 * MIB, warmup=1, repeat=5)
-    kernels = {(f.kernel, f.device) for f in m.figures}
+    kernels = {(r.kernel, r.device) for r in m.rates}
     assert kernels == {("copy", "cpu"), ("triad", "cpu"), ("matmul", "cpu")}
-    for f in m.figures:
-        assert f.low <= f.mean <= f.high
-        assert f.best >= f.mean > 0
-        assert len(f.samples) >= 3
-    assert m.figure("triad").size == 8 * MIB
+    for r in m.rates:
+        assert r.low <= r.mean <= r.high
+        assert r.best >= r.mean > 0
+        assert len(r.samples) >= 3
+    assert m.rate("triad").size == 8 * MIB
     assert m.main_device() == "cpu"
     assert m.fingerprint == bandwidth.fingerprint()
-    line = m.figure("triad").text()
+    line = m.rate("triad").text()
     assert line.startswith("cpu triad ") and "95% CI, 5 reps, 8 MiB arrays" in line
 
 
 def test_interval_is_reproducible_and_holds_the_mean():
     rates = [10.0, 12.0, 11.0, 9.0, 13.0, 10.5]
-    a = bandwidth._figure("copy", "cpu", "B/s", rates, 1)
-    b = bandwidth._figure("copy", "cpu", "B/s", rates, 1)
+    a = bandwidth._rate("copy", "cpu", "B/s", rates, 1)
+    b = bandwidth._rate("copy", "cpu", "B/s", rates, 1)
     assert a == b
     assert a.low < a.mean < a.high
     assert a.mean == pytest.approx(sum(rates) / len(rates))
 
 
-def test_figure_rejects_bad_samples():
+def test_rate_rejects_bad_samples():
     with pytest.raises(ValueError, match="finite and positive"):
-        bandwidth.Figure("copy", "cpu", "B/s", 1.0, 1.0, 1.0, 1.0, (1.0, float("nan")), 1)
+        bandwidth.Rate("copy", "cpu", "B/s", 1.0, 1.0, 1.0, 1.0, (1.0, float("nan")), 1)
     with pytest.raises(ValueError, match="unknown kernel"):
-        bandwidth.Figure("scale", "cpu", "B/s", 1.0, 1.0, 1.0, 1.0, (1.0,), 1)
+        bandwidth.Rate("scale", "cpu", "B/s", 1.0, 1.0, 1.0, 1.0, (1.0,), 1)
 
 
 def _fake_measurement(value: float = 20e9) -> bandwidth.Measurement:
     inputs = bandwidth.fingerprint_inputs()
-    figs = tuple(
-        bandwidth.Figure(k, "cpu", "B/s" if k != "matmul" else "FLOP/s", value, value * 0.95, value * 1.05, value,
-                         (value * 0.95, value * 1.05), 64 * MIB)
+    rates = tuple(
+        bandwidth.Rate(k, "cpu", "B/s" if k != "matmul" else "FLOP/s", value, value * 0.95, value * 1.05, value,
+                       (value * 0.95, value * 1.05), 64 * MIB)
         for k in ("copy", "triad", "matmul")
     )
     return bandwidth.Measurement(fingerprint=bandwidth.fingerprint(inputs), machine=inputs,
-                                 measured_at="2025-01-01T00:00:00+00:00", seconds=0.5, figures=figs)
+                                 measured_at="2025-01-01T00:00:00+00:00", seconds=0.5, rates=rates)
 
 
 def test_second_call_reuses_the_cache_and_refresh_remeasures(cache, monkeypatch):
@@ -87,17 +96,17 @@ def test_second_call_reuses_the_cache_and_refresh_remeasures(cache, monkeypatch)
     first = bandwidth.measured()
     assert not first.cached and len(calls) == 1
     assert first.path == str(bandwidth.cache_path())
-    assert json.loads(bandwidth.cache_path().read_text())["format"] == bandwidth.FORMAT
+    assert json.loads(bandwidth.cache_path().read_text())[VERSION_KEY] == bandwidth.FORMAT_VERSION
 
     second = bandwidth.measured()
     assert second.cached and len(calls) == 1
-    assert second.figures == first.figures
+    assert second.rates == first.rates
     assert any("cached" in line and "--refresh" in line for line in bandwidth.describe(second))
 
     third = bandwidth.measured(refresh=True)
     assert len(calls) == 2 and not third.cached
-    assert third.figure("triad").mean == 20e9 + 2
-    assert bandwidth.measured().figure("triad").mean == 20e9 + 2
+    assert third.rate("triad").mean == 20e9 + 2
+    assert bandwidth.measured().rate("triad").mean == 20e9 + 2
 
 
 def test_cache_is_keyed_by_the_machine_fingerprint(cache, monkeypatch):
@@ -117,19 +126,30 @@ def test_corrupt_cache_is_a_user_error_naming_the_file(cache):
     assert str(path) in str(err.value)
 
 
-def test_cache_from_another_format_version_is_remeasured(cache, monkeypatch):
+@pytest.mark.parametrize("old", [
+    {"format": 1, "figures": []},  # the first format spelled its version key `format`
+    {VERSION_KEY: 1},
+    {VERSION_KEY: bandwidth.FORMAT_VERSION + 1},  # a newer perfkit's
+])
+def test_cache_from_another_format_version_is_remeasured(cache, monkeypatch, old):
     path = bandwidth.cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"format": 0, "whatever": 1}))
+    path.write_text(json.dumps(old))
     monkeypatch.setattr(bandwidth, "measure", lambda **kw: _fake_measurement())
     m = bandwidth.measured()
     assert not m.cached
-    assert json.loads(path.read_text())["format"] == bandwidth.FORMAT
+    assert json.loads(path.read_text())[VERSION_KEY] == bandwidth.FORMAT_VERSION
+
+
+def test_a_cache_of_this_version_missing_a_field_is_a_user_error(cache):
+    write_json(bandwidth.cache_path(), {"fingerprint": "f"}, version=bandwidth.FORMAT_VERSION)
+    with pytest.raises(UserError, match="invalid bandwidth cache"):
+        bandwidth.measured()
 
 
 def test_missing_figure_is_a_user_error():
     with pytest.raises(UserError, match="no triad bandwidth figure for cuda:0"):
-        _fake_measurement().figure("triad", "cuda:0")
+        _fake_measurement().rate("triad", "cuda:0")
 
 
 def test_a_figure_measured_on_a_busy_machine_carries_a_warning():

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 import time
 import types
 
 import pytest
 
-from perfkit.machine import gpucheck
-
-from perfkit.probe import spans
 from perfkit.errors import UserError
+from perfkit.machine import gpucheck
+from perfkit.probe import spans
+from perfkit.probe.timing import bench
 
 
 def test_without_cuda_it_refuses_in_one_line_and_writes_nothing(tmp_path):
@@ -43,7 +44,7 @@ class SimulatedGPU:
             def elapsed_time(self, end):
                 return (end.at - self.at) * 1e3
 
-        self.cuda = types.SimpleNamespace(Event=Event, synchronize=self.synchronize)
+        self.cuda = types.SimpleNamespace(Event=Event, synchronize=self.synchronize, is_available=lambda: True)
         self.torch = types.SimpleNamespace(cuda=self.cuda)
 
     def launch(self):
@@ -54,9 +55,21 @@ class SimulatedGPU:
         time.sleep(max(0.0, wait) + self.sync_latency_s)
 
 
-def test_three_clocks_on_a_long_kernel_no_sync_sees_only_the_launch():
-    gpu = SimulatedGPU(kernel_s=0.004)
-    t = gpucheck.time_three_ways(gpu.torch, gpu.launch, calls=10, warmup=1)
+@pytest.fixture
+def simulated(monkeypatch):
+    """A SimulatedGPU that bench finds as torch.cuda."""
+
+    def make(**kw):
+        gpu = SimulatedGPU(**kw)
+        monkeypatch.setitem(sys.modules, "torch", gpu.torch)
+        return gpu
+
+    return make
+
+
+def test_three_clocks_on_a_long_kernel_no_sync_sees_only_the_launch(simulated):
+    gpu = simulated(kernel_s=0.004)
+    t = gpucheck.time_three_ways(gpu.launch, calls=10, warmup=1)
     assert t["events_ms"] == pytest.approx(4.0, rel=0.05)
     assert t["wall_nosync_ms"] < 0.5  # the host only queued the work
     assert t["wall_sync_ms"] >= 3.9
@@ -64,13 +77,29 @@ def test_three_clocks_on_a_long_kernel_no_sync_sees_only_the_launch():
     assert any(s.startswith("matmul: host clock without sync says") and "below the kernel's" in s for s in said)
 
 
-def test_three_clocks_on_a_tiny_kernel_sync_per_call_inflates_it():
-    gpu = SimulatedGPU(kernel_s=0.0001, sync_latency_s=0.002)
-    t = gpucheck.time_three_ways(gpu.torch, gpu.launch, calls=10, warmup=1)
+def test_three_clocks_on_a_tiny_kernel_sync_per_call_inflates_it(simulated):
+    gpu = simulated(kernel_s=0.0001, sync_latency_s=0.002)
+    t = gpucheck.time_three_ways(gpu.launch, calls=10, warmup=1)
     assert t["events_ms"] == pytest.approx(0.1, rel=0.2)
     assert t["wall_sync_ms"] > 10 * t["events_ms"]
     said = gpucheck.findings({"kernels": {"value": [dict(t, kernel="add 256")]}})
     assert any(s.startswith("add 256: a sync per call says") for s in said)
+
+
+def test_bench_each_waits_for_the_queued_work_outside_the_sample_and_for_its_own_inside(simulated):
+    gpu = simulated(kernel_s=0.003)
+    for _ in range(5):
+        gpu.launch()  # 15 ms already queued: not the sample's
+    (sample,) = bench(gpu.launch, warmup=0, repeat=1, sync="each")
+    assert 0.0029 < sample < 0.012  # its own 3 ms, not the 15 ms queued before it
+
+
+def test_bench_cuda_clocks_need_a_cuda_device(monkeypatch):
+    no_device = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: False))
+    monkeypatch.setitem(sys.modules, "torch", no_device)
+    for sync in ("cuda", "each"):
+        with pytest.raises(ValueError, match="needs torch with a CUDA device"):
+            bench(lambda: None, sync=sync)
 
 
 def test_nvtx_check_with_cuda_absent_reports_it_and_spans_push_nothing(monkeypatch):
@@ -144,7 +173,6 @@ def test_nvtx_check_fails_when_spans_do_not_emit(monkeypatch):
 
 def _report():
     return {
-        "format": 1,
         "meta": {"started_at": "2025-01-01T00:00:00+00:00", "seconds": 42.0},
         "environment": {"value": {"nvidia_driver": "550.54.15", "gpus": [
             {"index": 0, "name": "NVIDIA H200", "memory_total_bytes": 150 * 2**30, "peak_dram_bytes_per_s": 4.8e12}]}},
@@ -195,21 +223,13 @@ def test_spans_that_disagree_with_events_are_called_out():
     assert any(s.startswith("perfkit spans DISAGREE with CUDA events") for s in gpucheck.findings(report))
 
 
-def test_engine_json_is_found_in_whole_or_on_its_last_line():
-    assert gpucheck._last_json('{\n "decode_tok_s": 12.5\n}\n') == {"decode_tok_s": 12.5}
-    assert gpucheck._last_json('ctx_req prompt_tok\n4096 4096\n{"decode_tok_s": 3}\n') == {"decode_tok_s": 3}
-    assert gpucheck._last_json("no json here\n") is None
-
-
 def test_engine_check_runs_the_engine_and_compares_verify_with_its_floor():
     """The same code the GPU check runs, on the CPU with the small random engine."""
-    import torch
+    from perfkit.machine.roofline import Hardware
 
-    from perfkit.machine.roofline import Machine
-
-    machine = Machine("test machine", 10e9, 50e9)
-    rows = gpucheck.engine_check(torch, device="cpu", preset="tiny-random", context=128, new_tokens=8, budget=8,
-                                 machine=machine)
+    hardware = Hardware("test machine", 10e9, 50e9)
+    rows = gpucheck.engine_check(device="cpu", preset="tiny-random", context=128, new_tokens=8, budget=8,
+                                 hardware=hardware)
     assert [r["mode"] for r in rows] == ["spec", "ar"]
     for r in rows:
         assert r["steps"] >= 1 and r["decode_tok_s"] > 0
@@ -224,35 +244,34 @@ def test_engine_check_runs_the_engine_and_compares_verify_with_its_floor():
 def test_run_writes_the_report_and_a_failed_section_fails_the_command(tmp_path, monkeypatch, capsys):
     """The orchestration, with each device measurement replaced by a stand-in."""
     import json
-    import sys
-
-    import torch
 
     import fake_nvml
+    import torch
+
     from perfkit.machine import bandwidth
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml.make())
     monkeypatch.setattr(gpucheck, "cuda_unavailable", lambda: None)
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
 
-    def fig(kernel, device, value):
+    def rate(kernel, device, value):
         unit = "FLOP/s" if kernel == "matmul" else "B/s"
-        return bandwidth.Figure(kernel, device, unit, value, value * 0.99, value * 1.01, value, (value,), 1)
+        return bandwidth.Rate(kernel, device, unit, value, value * 0.99, value * 1.01, value, (value,), 1)
 
     measurement = bandwidth.Measurement(
         fingerprint="f", machine={"gpus": ["NVIDIA H100 80GB HBM3"]}, measured_at="now", seconds=1.0,
-        figures=(fig("copy", "cuda:0", 2.9e12), fig("triad", "cuda:0", 3.0e12), fig("matmul", "cuda:0", 7e14)))
+        rates=(rate("copy", "cuda:0", 2.9e12), rate("triad", "cuda:0", 3.0e12), rate("matmul", "cuda:0", 7e14)))
     monkeypatch.setattr(bandwidth, "measured", lambda refresh=False: measurement)
     kernels = [{"kernel": "matmul 8192^2 bf16", "events_ms": 1.5, "wall_nosync_ms": 0.02, "wall_sync_ms": 1.6,
                 "tflops": 733.0, "gbps": 268.0}]
     monkeypatch.setattr(gpucheck, "kernel_timings", lambda t: kernels)
-    monkeypatch.setattr(gpucheck, "span_check", lambda t: {"span_mean_ms": 1.5, "events_ms": 1.5,
+    monkeypatch.setattr(gpucheck, "span_check", lambda t: {"span_mean_ms": float("nan"), "events_ms": 1.5,
                                                            "wall_nosync_ms": 0.02, "span_vs_events": 1.0})
     monkeypatch.setattr(gpucheck, "nvtx_check", lambda cuda: {"ok": True, "note": "spans emit NVTX ranges"})
     monkeypatch.setattr(gpucheck, "profiler_check", lambda t, out: {"ok": True})
     monkeypatch.setattr(gpucheck, "tree_build_check", lambda: [])
 
-    def broken_engine(t):
+    def broken_engine():
         raise RuntimeError("CUDA error: out of memory")
 
     monkeypatch.setattr(gpucheck, "engine_check", broken_engine)
@@ -262,12 +281,14 @@ def test_run_writes_the_report_and_a_failed_section_fails_the_command(tmp_path, 
     assert "measured device triad 3 TB/s = 89% of the NVML-derived peak 3.35 TB/s" in printed
     assert "gpu-check: FAILED: engine" in printed
     report = json.loads((out / "report.json").read_text())
+    assert report["format_version"] == gpucheck.FORMAT_VERSION
     assert report["engine"]["error"] == "RuntimeError: CUDA error: out of memory"
+    assert report["spans"]["value"]["span_mean_ms"] == "nan"  # JSON has no NaN: stored as perfkit stores it
     assert report["environment"]["value"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
     md = (out / "report.md").read_text()
     assert "| matmul 8192^2 bf16 | 1.5 | 0.02 | 1.6 | 733 | 268 |" in md and "FAILED: RuntimeError" in md
 
-    monkeypatch.setattr(gpucheck, "engine_check", lambda t: [])
+    monkeypatch.setattr(gpucheck, "engine_check", lambda: [])
     assert gpucheck.main(["--out", str(tmp_path / "again")]) == 0
 
 

@@ -6,12 +6,12 @@ import json
 import re
 import sys
 
+import fake_nvml
 import pytest
 
-import fake_nvml
+from perfkit.errors import UserError
 from perfkit.machine import bandwidth
 from perfkit.machine import snapshot as machine
-from perfkit.errors import UserError
 
 
 @pytest.fixture
@@ -57,6 +57,12 @@ def test_snapshot_holds_cpu_memory_software_and_git(no_driver):
     git = snap["perfkit"]["git"]
     assert re.fullmatch(r"[0-9a-f]{40}", git["commit"]) and isinstance(git["dirty"], bool)
     assert "bandwidth" not in snap
+
+
+def test_snapshot_records_the_git_state_of_the_checkout_it_is_given(no_driver, tmp_path):
+    git = machine.snapshot(bandwidth=False, root=tmp_path)["perfkit"]["git"]
+    assert git["commit"] is None and git["dirty"] is None and str(tmp_path) in git["note"]
+    assert "not a git checkout" in machine.format_snapshot(machine.snapshot(bandwidth=False, root=tmp_path))
 
 
 def test_gpu_fields_come_from_nvml_with_derived_peak_bandwidth(h100):
@@ -105,7 +111,7 @@ def test_env_prints_bandwidth_with_interval_and_reuses_it(small_bandwidth, no_dr
 def test_env_json_is_the_snapshot(no_driver, capsys):
     assert machine.main(["--json", "--no-bandwidth"]) == 0
     snap = json.loads(capsys.readouterr().out)
-    assert snap["format"] == machine.SNAPSHOT_FORMAT
+    assert snap["format_version"] == machine.FORMAT_VERSION
     assert snap["gpu_note"].startswith("no NVIDIA driver:")
 
 

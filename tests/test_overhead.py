@@ -1,9 +1,8 @@
 """`perfkit overhead`: every variant measured in one run, profiling state restored afterwards."""
 
-from perfkit.machine import overhead
-
-from perfkit.probe import spans
 from perfkit.cli import main
+from perfkit.machine import overhead
+from perfkit.probe import spans
 
 
 def test_overhead_measures_every_variant_and_restores_state(capsys):

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import pytest
 
-from perfkit.machine import bandwidth
-
-from perfkit.machine import roofline
 from perfkit.errors import UserError
-from perfkit.machine.roofline import PRESETS, Cost, Machine, expected_experts_touched, floor, step_cost
+from perfkit.files import write_json
+from perfkit.machine import bandwidth, roofline
+from perfkit.machine.roofline import PRESETS, Cost, Hardware, expected_experts_touched, floor, step_cost
 
 
 @dataclass(frozen=True)
@@ -85,10 +83,9 @@ def test_large_batch_tree_verify_becomes_compute_bound():
     # 64 requests x 64 tree nodes = 4096 tokens per step: far right of the H100 ridge (~295 FLOP/B).
     cost = step_cost(LLAMA_8B, batch=64, context=8192, q_tokens=64, dtype_bytes=2)
     f = floor(cost, PRESETS["H100 SXM"])
-    assert cost.intensity > PRESETS["H100 SXM"].ridge
+    assert cost.flops / cost.bytes > 989e12 / 3.35e12
     assert f.bound == "compute"
     assert f.seconds == pytest.approx(cost.flops / 989e12)
-    assert PRESETS["H100 SXM"].ridge == pytest.approx(989e12 / 3.35e12)
 
 
 MOE = Config(vocab_size=1000, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,
@@ -139,40 +136,39 @@ def test_bad_inputs_are_user_errors():
     with pytest.raises(UserError, match="lacks"):
         step_cost(object(), batch=1, context=10, q_tokens=1, dtype_bytes=2)
     with pytest.raises(UserError, match="positive"):
-        Machine("broken", 0.0, 1e12)
+        Hardware("broken", 0.0, 1e12)
     with pytest.raises(UserError, match="unknown machine"):
-        Machine.preset("H900")
-    assert Machine.preset("H200 SXM").dram_bytes_per_s == 4.8e12
+        Hardware.preset("H900")
+    assert Hardware.preset("H200 SXM").dram_bytes_per_s == 4.8e12
 
 
 def test_presets_hold_datasheet_figures():
     assert PRESETS["H100 SXM"].dram_bytes_per_s == 3.35e12
     assert PRESETS["H100 SXM"].peak_flops == 989e12
     assert PRESETS["A100 80GB SXM"].dram_bytes_per_s == 2.039e12
-    assert all(m.source == "spec" for m in PRESETS.values())
+    assert all(h.source == "spec" for h in PRESETS.values())
 
 
-def test_measured_machine_reads_the_cached_bandwidth(tmp_path, monkeypatch):
+def test_measured_hardware_reads_the_cached_bandwidth(tmp_path, monkeypatch):
     monkeypatch.setenv("PERFKIT_CACHE_DIR", str(tmp_path))
     inputs = {"cpu_model": "Test CPU", "logical_cores": 2, "memory_gib": 8, "gpus": []}
     monkeypatch.setattr(bandwidth, "fingerprint_inputs", lambda: inputs)
 
-    def fig(kernel, unit, value):
-        return bandwidth.Figure(kernel, "cpu", unit, value, value * 0.9, value * 1.1, value, (value,), 1)
+    def rate(kernel, unit, value):
+        return bandwidth.Rate(kernel, "cpu", unit, value, value * 0.9, value * 1.1, value, (value,), 1)
 
     m = bandwidth.Measurement(fingerprint=bandwidth.fingerprint(inputs), machine=inputs, measured_at="then",
-                              seconds=1.0, figures=(fig("triad", "B/s", 48.2e9), fig("matmul", "FLOP/s", 2e11)))
+                              seconds=1.0, rates=(rate("triad", "B/s", 48.2e9), rate("matmul", "FLOP/s", 2e11)))
     stored = {k: v for k, v in m.to_dict().items() if k not in ("cached", "path")}
-    bandwidth.cache_path().parent.mkdir(parents=True, exist_ok=True)
-    bandwidth.cache_path().write_text(json.dumps(stored))
+    write_json(bandwidth.cache_path(), stored, version=bandwidth.FORMAT_VERSION)
     monkeypatch.setattr(bandwidth, "measure", lambda **kw: pytest.fail("must reuse the cache"))
 
-    machine = Machine.measured()
-    assert machine.source == "measured"
-    assert machine.dram_bytes_per_s == 48.2e9
-    assert machine.peak_flops == 2e11
-    assert "Test CPU" in machine.name
-    f = floor(Cost(bytes=48.2e9, flops=1.0), machine)
+    hardware = Hardware.measured()
+    assert hardware.source == "measured"
+    assert hardware.dram_bytes_per_s == 48.2e9
+    assert hardware.peak_flops == 2e11
+    assert "Test CPU" in hardware.name
+    f = floor(Cost(bytes=48.2e9, flops=1.0), hardware)
     assert f.seconds == pytest.approx(1.0)
     assert "at 48.2 GB/s measured" in f.note()
 

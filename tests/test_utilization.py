@@ -6,12 +6,15 @@ import json
 import subprocess
 import sys
 import time
-
-import pytest
+from collections import namedtuple
 
 import fake_nvml
+import pytest
+
 from perfkit.machine import utilization
 from perfkit.machine.utilization import Sampler, plot_trace
+
+CpuTimes = namedtuple("CpuTimes", "user system idle iowait")
 
 
 def _burn(seconds: float) -> None:
@@ -28,6 +31,7 @@ def test_sampler_sees_this_process_working_then_idle():
     time.sleep(0.4)
     trace = s.stop()
     json.dumps(trace)  # JSON-able as stored in the run
+    assert trace["format_version"] == utilization.FORMAT_VERSION
     t = trace["t"]
     assert len(t) >= 6 and t == sorted(t)
     assert trace["cpu_percent"][0] is None  # no interval before the first sample
@@ -38,6 +42,11 @@ def test_sampler_sees_this_process_working_then_idle():
     assert sorted(idle)[len(idle) // 2] < 30  # the median: one sample can catch another thread's work
     assert all(r > 10 * 2**20 for r in trace["rss_bytes"])
     assert trace["gpus"] == [] or trace["gpu_note"] is None
+
+
+def test_machine_cpu_busy_counts_everything_but_idle_and_iowait():
+    before, after = CpuTimes(10, 5, 80, 5), CpuTimes(14, 6, 95, 5)  # as psutil.cpu_times() gives them
+    assert utilization.busy_cpu_seconds(before, after) == (5, 20)  # 4 user + 1 system of 20 seconds in all
 
 
 def test_sampler_follows_child_processes():
@@ -117,7 +126,7 @@ def test_plot_trace_draws_cells_on_the_same_time_axis(tmp_path):
 def test_plot_trace_with_gpus_and_no_intervals(tmp_path):
     n = 4
     trace = {
-        "format": utilization.TRACE_FORMAT, "interval_s": 0.25, "t": [100.0 + i / 4 for i in range(n)],
+        "format_version": utilization.FORMAT_VERSION, "interval_s": 0.25, "t": [100.0 + i / 4 for i in range(n)],
         "cpu_percent": [None, 50.0, 60.0, 10.0], "system_cpu_percent": [None, 30.0, 35.0, 5.0],
         "rss_bytes": [2**30] * n, "processes": [2] * n, "gpu_note": None,
         "gpus": [{"index": 0, "name": "GPU", "util_percent": [0, 90, None, 10], "mem_util_percent": [0] * n,

@@ -1,3 +1,3 @@
-"""The machine a measurement ran on: environment snapshot, NVML, bandwidth, utilization,
-roofline, instrumentation overhead and the GPU check.
+"""The machine a measurement ran on: its devices (CPU model, NVML), environment snapshot,
+bandwidth, utilization, roofline, instrumentation overhead and the GPU check.
 """

@@ -1,16 +1,19 @@
 """Measured memory bandwidth (and matmul throughput) of this machine, cached per machine.
 
 A roofline floor is only as good as the bandwidth it divides by, and spec sheets are optimistic,
-so perfkit measures it: STREAM-style ``copy`` (a = b) and ``triad`` (a = b + s*c) over arrays
+so perfkit measures it: STREAM-style `copy` (a = b) and `triad` (a = b + s*c) over arrays
 several times larger than the last-level cache, on the CPU and, when CUDA is present, device to
 device on each GPU (CUDA events). Bytes are counted the STREAM way (2 arrays for copy, 3 for triad,
 no write-allocate traffic). A short fp32 (CPU) / bf16 (GPU) matmul gives the compute ceiling for
 the roofline.
 
-Warm-up calls are discarded, each repetition is one sample, and every figure carries a 95%
-bootstrap interval of the mean. The result is stored as versioned JSON under
-``$PERFKIT_CACHE_DIR`` (default ``~/.cache/perfkit``), keyed by a fingerprint of the CPU model,
-core count, memory size and GPU names, so later runs reuse it; ``refresh=True`` remeasures.
+Each kernel is timed by `perfkit.bench` (warm-up calls discarded, each repetition one sample),
+and every rate carries a 95% bootstrap interval of the mean. The result is stored as versioned
+JSON under `$PERFKIT_CACHE_DIR` (default `~/.cache/perfkit`), keyed by a fingerprint of the CPU
+model, core count, memory size and GPU names, so later runs reuse it; `refresh=True` remeasures,
+and so does a cache of another format version.
+
+Format history (`format_version`): 1: first format (key `format`, rates under `figures`); 2: `format_version`, `rates`.
 """
 
 from __future__ import annotations
@@ -26,20 +29,24 @@ from pathlib import Path
 
 import psutil
 
-from perfkit.errors import UserError
+from perfkit.errors import RecordError, UserError
+from perfkit.files import VERSION_KEY, read_versioned, write_json
+from perfkit.machine.devices import cpu_model, gpu_names
+from perfkit.machine.utilization import busy_cpu_seconds
+from perfkit.probe.timing import bench
 from perfkit.stats import mean_interval
 
-__all__ = ["Figure", "Measurement", "measure", "measured", "fingerprint", "cache_path", "describe"]
+__all__ = ["Rate", "Measurement", "measure", "measured", "fingerprint", "cache_path", "describe", "FORMAT_VERSION"]
 
-FORMAT = 1
+FORMAT_VERSION = 2
 _MIB = 2**20
 _KERNELS = ("copy", "triad", "matmul")
-BUSY = 0.25  # above this share of the CPUs used by other processes, a figure is flagged
+BUSY = 0.25  # above this share of the CPUs used by other processes, a rate is flagged
 
 
 @dataclass(frozen=True)
-class Figure:
-    """One measured rate: mean over repetitions with its 95% interval, in ``unit`` (B/s or FLOP/s)."""
+class Rate:
+    """One measured rate: mean over repetitions with its 95% interval, in `unit` (B/s or FLOP/s)."""
 
     kernel: str
     device: str
@@ -72,46 +79,44 @@ class Figure:
 
 @dataclass(frozen=True)
 class Measurement:
-    """Every figure measured on one machine, with the fingerprint it is cached under."""
+    """Every rate measured on one machine, with the fingerprint it is cached under."""
 
     fingerprint: str
     machine: dict
     measured_at: str
     seconds: float
-    figures: tuple[Figure, ...]
+    rates: tuple[Rate, ...]
     busy: float | None = None  # share of all cores other processes used while measuring
     cached: bool = field(default=False, compare=False)
     path: str | None = field(default=None, compare=False)
 
-    def figure(self, kernel: str, device: str | None = None) -> Figure:
-        """The ``kernel`` figure on ``device`` (default: the first GPU when there is one, else cpu)."""
+    def rate(self, kernel: str, device: str | None = None) -> Rate:
+        """The `kernel` rate on `device` (default: the first GPU when there is one, else cpu)."""
         device = device or self.main_device()
-        for f in self.figures:
-            if f.kernel == kernel and f.device == device:
-                return f
+        for r in self.rates:
+            if r.kernel == kernel and r.device == device:
+                return r
         raise UserError(f"no {kernel} bandwidth figure for {device} in {self.path or 'this measurement'}")
 
     def main_device(self) -> str:
-        devices = [f.device for f in self.figures]
+        devices = [r.device for r in self.rates]
         return next((d for d in devices if d.startswith("cuda")), "cpu")
 
     def to_dict(self) -> dict:
+        """The fields as JSON-able values (the cache file adds its `format_version`)."""
         d = asdict(self)
-        d["format"] = FORMAT
-        d["figures"] = [dict(asdict(f), samples=list(f.samples)) for f in self.figures]
+        d["rates"] = [dict(asdict(r), samples=list(r.samples)) for r in self.rates]
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Measurement":
-        if d.get("format") != FORMAT:
-            raise ValueError(f"bandwidth cache format {d.get('format')!r}, expected {FORMAT}")
-        figures = tuple(Figure(**dict(f, samples=tuple(f["samples"]))) for f in d["figures"])
+    def from_dict(cls, d: dict) -> Measurement:
+        rates = tuple(Rate(**dict(r, samples=tuple(r["samples"]))) for r in d["rates"])
         return cls(
             fingerprint=d["fingerprint"],
             machine=d["machine"],
             measured_at=d["measured_at"],
             seconds=float(d["seconds"]),
-            figures=figures,
+            rates=rates,
             busy=d.get("busy"),
             cached=bool(d.get("cached", False)),
             path=d.get("path"),
@@ -121,10 +126,10 @@ class Measurement:
 # --- statistics ------------------------------------------------------------------------------------
 
 
-def _figure(kernel: str, device: str, unit: str, rates: list[float], size: int) -> Figure:
-    est = mean_interval(rates)
+def _rate(kernel: str, device: str, unit: str, values: list[float], size: int) -> Rate:
+    est = mean_interval(values)
     low, high = min(est.low, est.value), max(est.high, est.value)
-    return Figure(kernel, device, unit, est.value, low, high, max(rates), tuple(rates), size)
+    return Rate(kernel, device, unit, est.value, low, high, max(values), tuple(values), size)
 
 
 # --- the measurement -------------------------------------------------------------------------------
@@ -149,67 +154,40 @@ def _cpu_array_bytes() -> int:
     return int(max(16 * _MIB, min(want, cap)))
 
 
-def _time_cpu(fn, *, warmup: int, repeat: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
+def _seconds(fn, device, *, warmup: int, repeat: int) -> list[float]:
+    """Seconds per call of `fn`: CUDA events on a GPU, the host clock on the CPU."""
+    return bench(fn, warmup=warmup, repeat=repeat, sync="cuda" if device.type == "cuda" else "none")
 
 
-def _time_cuda(torch, fn, *, warmup: int, repeat: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    pairs = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        pairs.append((start, end))
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) / 1e3 for s, e in pairs]
-
-
-def _stream(torch, device: str, *, array_bytes: int, warmup: int, repeat: int) -> list[Figure]:
+def _stream(torch, device: str, *, array_bytes: int, warmup: int, repeat: int) -> list[Rate]:
     n = array_bytes // 4
     dev = torch.device(device)
     a = torch.empty(n, dtype=torch.float32, device=dev)
     b = torch.full((n,), 1.0, dtype=torch.float32, device=dev)
     c = torch.full((n,), 2.0, dtype=torch.float32, device=dev)
-    time_it = (lambda fn: _time_cuda(torch, fn, warmup=warmup, repeat=repeat)) if dev.type == "cuda" else (
-        lambda fn: _time_cpu(fn, warmup=warmup, repeat=repeat)
-    )
-    copy_s = time_it(lambda: a.copy_(b))
-    triad_s = time_it(lambda: torch.add(b, c, alpha=3.0, out=a))
+    copy_s = _seconds(lambda: a.copy_(b), dev, warmup=warmup, repeat=repeat)
+    triad_s = _seconds(lambda: torch.add(b, c, alpha=3.0, out=a), dev, warmup=warmup, repeat=repeat)
     if float(a[n // 2]) != 7.0:  # the triad really ran over the arrays
         raise RuntimeError(f"triad on {device} produced {float(a[n // 2])}, expected 7.0")
     nbytes = n * 4
     return [
-        _figure("copy", device, "B/s", [2 * nbytes / s for s in copy_s], nbytes),
-        _figure("triad", device, "B/s", [3 * nbytes / s for s in triad_s], nbytes),
+        _rate("copy", device, "B/s", [2 * nbytes / s for s in copy_s], nbytes),
+        _rate("triad", device, "B/s", [3 * nbytes / s for s in triad_s], nbytes),
     ]
 
 
-def _matmul(torch, device: str, *, side: int, warmup: int, repeat: int) -> Figure:
+def _matmul(torch, device: str, *, side: int, warmup: int, repeat: int) -> Rate:
     dev = torch.device(device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     x = torch.randn(side, side, dtype=dtype, device=dev)
     y = torch.randn(side, side, dtype=dtype, device=dev)
     out = torch.empty(side, side, dtype=dtype, device=dev)
-    fn = lambda: torch.matmul(x, y, out=out)  # noqa: E731
-    secs = _time_cuda(torch, fn, warmup=warmup, repeat=repeat) if dev.type == "cuda" else _time_cpu(
-        fn, warmup=warmup, repeat=repeat
-    )
-    return _figure("matmul", device, "FLOP/s", [2 * side**3 / s for s in secs], side)
+    secs = _seconds(lambda: torch.matmul(x, y, out=out), dev, warmup=warmup, repeat=repeat)
+    return _rate("matmul", device, "FLOP/s", [2 * side**3 / s for s in secs], side)
 
 
 class _OtherWork:
-    """How much of the machine's CPU other processes used from now until ``share()``."""
+    """How much of the machine's CPU other processes used from now until `share()`."""
 
     def __init__(self):
         self.me = psutil.Process()
@@ -222,9 +200,7 @@ class _OtherWork:
         return t.user + t.system
 
     def share(self) -> float:
-        now = psutil.cpu_times()
-        idle = lambda t: t.idle + getattr(t, "iowait", 0.0)  # noqa: E731
-        busy = (sum(now) - sum(self.machine)) - (idle(now) - idle(self.machine))
+        busy, _ = busy_cpu_seconds(self.machine, psutil.cpu_times())
         elapsed = (time.perf_counter() - self.wall) * (psutil.cpu_count() or 1)
         others = busy - (self._mine() - self.mine)
         return round(min(1.0, max(0.0, others / elapsed)), 3) if elapsed > 0 else 0.0
@@ -237,29 +213,29 @@ def measure(*, cpu: bool = True, cuda: bool = True, array_bytes: int | None = No
 
     t0 = time.perf_counter()
     others = _OtherWork()
-    figures: list[Figure] = []
+    rates: list[Rate] = []
     if cpu:
         size = array_bytes or _cpu_array_bytes()
-        figures += _stream(torch, "cpu", array_bytes=size, warmup=warmup, repeat=repeat)
-        figures.append(_matmul(torch, "cpu", side=1024, warmup=1, repeat=max(3, repeat // 2)))
+        rates += _stream(torch, "cpu", array_bytes=size, warmup=warmup, repeat=repeat)
+        rates.append(_matmul(torch, "cpu", side=1024, warmup=1, repeat=max(3, repeat // 2)))
     if cuda and torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             dev = f"cuda:{i}"
             l2 = getattr(torch.cuda.get_device_properties(i), "L2_cache_size", 0) or 0
             size = array_bytes or max(512 * _MIB, 8 * l2)
             with torch.cuda.device(i):
-                figures += _stream(torch, dev, array_bytes=size, warmup=warmup, repeat=repeat * 5)
-                figures.append(_matmul(torch, dev, side=8192, warmup=3, repeat=repeat * 2))
+                rates += _stream(torch, dev, array_bytes=size, warmup=warmup, repeat=repeat * 5)
+                rates.append(_matmul(torch, dev, side=8192, warmup=3, repeat=repeat * 2))
             torch.cuda.empty_cache()
-    if not figures:
+    if not rates:
         raise UserError("nothing to measure: both cpu and cuda are off (or no CUDA device)")
     inputs = fingerprint_inputs()
     return Measurement(
         fingerprint=fingerprint(inputs),
         machine=inputs,
-        measured_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        measured_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         seconds=round(time.perf_counter() - t0, 3),
-        figures=tuple(figures),
+        rates=tuple(rates),
         busy=others.share(),
     )
 
@@ -269,8 +245,6 @@ def measure(*, cpu: bool = True, cuda: bool = True, array_bytes: int | None = No
 
 def fingerprint_inputs() -> dict:
     """What identifies a machine for the cache: CPU model, cores, memory (GiB) and GPU names."""
-    from perfkit.machine.snapshot import cpu_model, gpu_names
-
     return {
         "cpu_model": cpu_model(),
         "logical_cores": psutil.cpu_count(logical=True),
@@ -280,7 +254,7 @@ def fingerprint_inputs() -> dict:
 
 
 def fingerprint(inputs: dict | None = None) -> str:
-    """A short stable hash of :func:`fingerprint_inputs`."""
+    """A short stable hash of `fingerprint_inputs`."""
     inputs = fingerprint_inputs() if inputs is None else inputs
     text = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -295,25 +269,23 @@ def cache_path(fp: str | None = None) -> Path:
 
 
 def _load(path: Path) -> Measurement | None:
-    """The cached measurement at ``path``; None when absent or written by another format version."""
+    """The cached measurement at `path`; None when absent or of another format version (remeasure)."""
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: corrupt bandwidth cache ({exc}); delete it or run `perfkit env --refresh`")
-    if data.get("format") != FORMAT:
-        return None  # an older perfkit wrote it: remeasure rather than guess
+        data = read_versioned(path, current=FORMAT_VERSION)
+    except RecordError as exc:
+        if exc.field == VERSION_KEY:
+            return None  # another perfkit wrote it (an old one spelled the key `format`): remeasure, not guess
+        raise UserError(f"corrupt bandwidth cache ({exc}); delete it or run `perfkit env --refresh`") from None
     try:
         return replace(Measurement.from_dict(data), cached=True, path=str(path))
     except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"{path}: invalid bandwidth cache ({exc}); delete it or run `perfkit env --refresh`")
+        raise UserError(f"{path}: invalid bandwidth cache ({exc}); delete it or run `perfkit env --refresh`") from None
 
 
 def measured(*, refresh: bool = False) -> Measurement:
-    """This machine's measurement: from the cache when there is one (``.cached`` says so), else now."""
-    from perfkit.files import write_atomic
-
+    """This machine's measurement: from the cache when there is one (`.cached` says so), else now."""
     path = cache_path()
     if not refresh:
         hit = _load(path)
@@ -321,15 +293,15 @@ def measured(*, refresh: bool = False) -> Measurement:
             return hit
     fresh = measure()
     stored = {k: v for k, v in fresh.to_dict().items() if k not in ("cached", "path")}
-    write_atomic(path, json.dumps(stored, indent=1, sort_keys=True) + "\n")
+    write_json(path, stored, version=FORMAT_VERSION)
     return replace(fresh, path=str(path))
 
 
 def describe(m: Measurement | dict) -> list[str]:
-    """Lines for `perfkit env`: every figure with its interval, then where it came from."""
+    """Lines for `perfkit env`: every rate with its interval, then where it came from."""
     if isinstance(m, dict):
         m = Measurement.from_dict(m)
-    lines = [f.text() for f in m.figures]
+    lines = [r.text() for r in m.rates]
     if m.busy is not None and m.busy > BUSY:
         lines.append(f"WARNING: other processes used {m.busy:.0%} of the CPUs while this was measured, so the "
                      "figures may be low; rerun `perfkit env --refresh` on a quiet machine")

@@ -6,11 +6,15 @@ synchronisation per call, which adds the launch-queue drain to every call), chec
 spans time with CUDA events and appear as NVTX ranges (what `nsys profile` shows), that
 torch.profiler records device kernels, times the vectorized draft-tree build on the GPU against
 the per-request heapq (which pays the copy to the host), and runs the bundled engine on CUDA with
-profiling on. It writes ``report.md`` and ``report.json``.
+profiling on. Every clock is a `perfkit.bench` option (sync "cuda", "none" and "each"), so the
+check compares the timer perfkit uses with the two common mistakes. It writes `report.md` and
+`report.json`.
 
 Without a CUDA device nothing can be checked: it says why in one line and exits 2 (a UserError),
 writing no report, so a script never mistakes "nothing measured" for "checked and fine". A section
 that fails is recorded with its error, the other sections still run, and the exit status is 1.
+
+Format history (`format_version`) of report.json: 1: first format (the key was `format`); 2: `format_version`.
 """
 
 from __future__ import annotations
@@ -18,16 +22,21 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import math
+import statistics
 import sys
 import time
 import traceback
 from pathlib import Path
 
 from perfkit.errors import UserError
+from perfkit.files import encode_number, write_atomic, write_json
+from perfkit.machine.devices import nvml
+from perfkit.probe.timing import bench
 
 __all__ = ["main", "run", "cuda_unavailable", "time_three_ways", "nvtx_check", "findings", "render_markdown"]
 
-REPORT_FORMAT = 1
+FORMAT_VERSION = 2
 DEADLINE_S = 280.0  # the whole check stays under 5 minutes
 
 
@@ -38,8 +47,6 @@ def cuda_unavailable() -> str | None:
     if torch.version.cuda is None:
         return f"torch {torch.__version__} is a CPU-only build (see environment.yml for a CUDA build)"
     if not torch.cuda.is_available():
-        from perfkit.machine.snapshot import nvml
-
         with nvml() as nv:
             why = nv.note or "NVML sees a GPU but CUDA cannot use it"
         return f"torch {torch.__version__} has CUDA {torch.version.cuda} but no device is usable: {why}"
@@ -49,38 +56,17 @@ def cuda_unavailable() -> str | None:
 # --- timing three ways -----------------------------------------------------------------------------
 
 
-def time_three_ways(torch, fn, *, calls: int = 50, warmup: int = 5) -> dict:
-    """Milliseconds per call of ``fn`` by CUDA events, host clock without sync, host clock with sync."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    events_ms = start.elapsed_time(end) / calls
-
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    nosync_ms = (time.perf_counter() - t0) * 1e3 / calls  # launches only: the kernels are still queued
-    torch.cuda.synchronize()
-
-    per_call = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        per_call.append((time.perf_counter() - t0) * 1e3)
+def time_three_ways(fn, *, calls: int = 50, warmup: int = 5) -> dict:
+    """Milliseconds per call of `fn` by CUDA events, host clock without sync, host clock with sync."""
+    (events_s,) = bench(fn, warmup=warmup, repeat=1, inner=calls, sync="cuda")
+    (nosync_s,) = bench(fn, warmup=0, repeat=1, inner=calls, sync="none")  # launches only: kernels still queued
+    per_call = bench(fn, warmup=0, repeat=calls, sync="each")  # its first sync drains that queue, untimed
     return {
         "calls": calls,
-        "events_ms": events_ms,
-        "wall_nosync_ms": nosync_ms,
-        "wall_sync_ms": sum(per_call) / calls,
-        "wall_sync_min_ms": min(per_call),
+        "events_ms": events_s * 1e3,
+        "wall_nosync_ms": nosync_s * 1e3,
+        "wall_sync_ms": statistics.fmean(per_call) * 1e3,
+        "wall_sync_min_ms": min(per_call) * 1e3,
     }
 
 
@@ -99,7 +85,7 @@ def kernel_timings(torch) -> list[dict]:
     ]
     rows = []
     for name, fn, flops, nbytes in cases:
-        t = time_three_ways(torch, fn)
+        t = time_three_ways(fn)
         t.update(kernel=name, tflops=flops / (t["events_ms"] * 1e-3) / 1e12, gbps=nbytes / (t["events_ms"] * 1e-3) / 1e9)
         rows.append(t)
     return rows
@@ -111,7 +97,7 @@ def span_check(torch) -> dict:
 
     dev = torch.device("cuda")
     a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
-    ref = time_three_ways(torch, lambda: a @ a, calls=20)
+    ref = time_three_ways(lambda: a @ a, calls=20)
     with spans.capture() as cap:
         for _ in range(20):
             with spans.span("gpu_check_matmul"):
@@ -131,9 +117,9 @@ def span_check(torch) -> dict:
 
 
 def nvtx_check(cuda, *, work=None) -> dict:
-    """Run nested spans with ``cuda`` (torch.cuda) present and count the NVTX ranges they push/pop.
+    """Run nested spans with `cuda` (torch.cuda) present and count the NVTX ranges they push/pop.
 
-    ``work``: what runs inside the spans (default: a one-element CUDA add).
+    `work`: what runs inside the spans (default: a one-element CUDA add).
     """
     from perfkit.probe import spans
 
@@ -180,7 +166,7 @@ def nvtx_check(cuda, *, work=None) -> dict:
 
 
 def tree_build_check(device: str = "cuda") -> list[dict]:
-    """``perfkit engine benchmarks --only tree --quick`` on the device: identical trees, and the
+    """`perfkit engine benchmarks --only tree --quick` on the device: identical trees, and the
     vectorized build against the heapq one including its device-to-host copy."""
     from perfkit.engine.benchmarks import tree_build_figures
 
@@ -208,45 +194,48 @@ def profiler_check(torch, out_dir: Path) -> dict:
 # --- the engine on CUDA ----------------------------------------------------------------------------
 
 
-def engine_check(torch, *, device: str = "cuda", preset: str | None = None, context: int = 4096,
-                 new_tokens: int = 64, budget: int = 32, machine=None) -> list[dict]:
-    """The bundled engine on ``device`` (bf16 on CUDA), spec and AR: per-phase time from perfkit
-    spans (CUDA events on a GPU) against the synchronised wall clock, and the verify forward
-    against its roofline floor on ``machine`` (default: measured for that device)."""
-    from perfkit.machine import roofline
-    from perfkit.engine import checkpoints, data, load_engine
-    from perfkit.phases import BREAKDOWN, STEP
+def _timed_generate(engine, prompts, *, cuda: bool, **options):
+    """One generation under a span capture, timed by the host clock with the device synchronised
+    before and after it: (result, capture, seconds)."""
     from perfkit.probe.spans import capture
+
+    runs = []
+    with capture() as cap:
+        (wall,) = bench(lambda: runs.append(engine.generate(prompts, **options)),
+                        warmup=0, repeat=1, sync="each" if cuda else "none")
+    return runs[0], cap, wall
+
+
+def engine_check(*, device: str = "cuda", preset: str | None = None, context: int = 4096,
+                 new_tokens: int = 64, budget: int = 32, hardware=None) -> list[dict]:
+    """The bundled engine on `device` (bf16 on CUDA), spec and AR: per-phase time from perfkit
+    spans (CUDA events on a GPU) against the synchronised wall clock, and the verify forward
+    against its roofline floor on `hardware` (default: measured for that device)."""
+    from perfkit.engine import checkpoints, data, load_engine
+    from perfkit.machine import roofline
+    from perfkit.phases import BREAKDOWN, STEP
 
     if preset is None:
         preset = "shipped" if (checkpoints.CHECKPOINT_DIR / "target.safetensors").exists() else "tiny-random"
     cuda = device.startswith("cuda")
-    dtype_bytes = 2 if cuda else 4
     engine = load_engine(preset, device=device, dtype="bf16" if cuda else "fp32")
     prompts = data.sample_prompts(1, min(256, context))
-    if machine is None:
-        machine = roofline.Machine.measured(device="cuda:0" if cuda else "cpu")
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if hardware is None:
+        hardware = roofline.Hardware.measured(device="cuda:0" if cuda else "cpu")
     rows = []
     for mode in ("spec", "ar"):
         engine.generate(prompts, max_new_tokens=8, mode=mode, budget=budget, context=context)  # warm-up
-        sync()
-        t0 = time.perf_counter()
-        with capture() as cap:
-            result = engine.generate(prompts, max_new_tokens=new_tokens, mode=mode, budget=budget, context=context)
-        sync()
-        wall = time.perf_counter() - t0
+        result, cap, wall = _timed_generate(engine, prompts, cuda=cuda, max_new_tokens=new_tokens, mode=mode,
+                                            budget=budget, context=context)
         steps = cap.steps()
         n = max(1, len(steps))
         per_step_ms = {k: 1e3 * sum(s.get(k, 0.0) for s in steps) / n for k in (STEP,) + BREAKDOWN}
-        q_tokens = budget if mode == "spec" else 1
         verify_floor = roofline.floor(
-            roofline.step_cost(engine.target_config, batch=1, context=context, q_tokens=q_tokens,
-                               dtype_bytes=dtype_bytes),
-            machine,
+            roofline.step_cost(engine.target_config, batch=1, context=context, q_tokens=budget if mode == "spec" else 1,
+                               dtype_bytes=2 if cuda else 4),
+            hardware,
         )
         verify = cap.samples("verify_forward")
-        verify_ms = 1e3 * sum(verify) / len(verify) if verify else float("nan")
         rows.append({
             "mode": mode,
             "device": device,
@@ -259,26 +248,11 @@ def engine_check(torch, *, device: str = "cuda", preset: str | None = None, cont
             "engine_decode_s": result.decode_s,
             "spans_step_total_s": sum(s[STEP] for s in steps),
             "per_step_ms": per_step_ms,
-            "verify_forward_ms": verify_ms,
+            "verify_forward_ms": 1e3 * statistics.fmean(verify) if verify else math.nan,
             "verify_floor_ms": verify_floor.seconds * 1e3,
             "verify_floor_note": verify_floor.note(),
         })
     return rows
-
-
-def _last_json(text: str):
-    """The JSON document a command printed: all of stdout, or its last line that parses."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    for line in reversed(text.splitlines()):
-        if line.strip().startswith(("{", "[")):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                continue
-    return None
 
 
 # --- findings and the report -----------------------------------------------------------------------
@@ -377,23 +351,31 @@ def _section(report: dict, name: str, fn, deadline: float) -> None:
     report[name]["seconds"] = round(time.perf_counter() - t0, 2)
 
 
+def _plain(value):
+    """`value` as JSON holds it: NaN and infinities as "nan", "inf", "-inf"; other objects as text."""
+    if isinstance(value, float):
+        return encode_number(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value if value is None or isinstance(value, (bool, int, str)) else str(value)
+
+
 def run(out_dir: Path, *, refresh_bandwidth: bool = False, engine: bool = True) -> dict:
-    """Every check, in order, into ``out_dir``; returns the report dict (also written as JSON/markdown)."""
+    """Every check, in order, into `out_dir`; returns the report dict (also written as JSON/markdown)."""
     reason = cuda_unavailable()
     if reason is not None:
         raise UserError(f"gpu-check: no CUDA device, nothing measured: {reason}")
     import torch
 
-    from perfkit.machine import bandwidth
-
-    from perfkit.machine import snapshot as machine
-    from perfkit.files import write_atomic
+    from perfkit.machine import bandwidth, snapshot
 
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     deadline = started + DEADLINE_S
-    report: dict = {"format": REPORT_FORMAT, "meta": {
-        "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "seconds": 0.0}}
+    report: dict = {"meta": {
+        "started_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "seconds": 0.0}}
     torch.cuda.init()
 
     def bw():
@@ -403,15 +385,15 @@ def run(out_dir: Path, *, refresh_bandwidth: bool = False, engine: bool = True) 
         return {
             "device": dev,
             "cached": m.cached,
-            "triad_bytes_per_s": m.figure("triad", dev).mean,
-            "triad_interval": [m.figure("triad", dev).low, m.figure("triad", dev).high],
-            "copy_bytes_per_s": m.figure("copy", dev).mean,
-            "matmul_flops": m.figure("matmul", dev).mean,
+            "triad_bytes_per_s": m.rate("triad", dev).mean,
+            "triad_interval": [m.rate("triad", dev).low, m.rate("triad", dev).high],
+            "copy_bytes_per_s": m.rate("copy", dev).mean,
+            "matmul_flops": m.rate("matmul", dev).mean,
             "peak_bytes_per_s": snap_gpus[0]["peak_dram_bytes_per_s"] if snap_gpus else None,
             "lines": bandwidth.describe(m),
         }
 
-    _section(report, "environment", lambda: machine.snapshot(bandwidth=False), deadline)
+    _section(report, "environment", lambda: snapshot.snapshot(bandwidth=False), deadline)
     _section(report, "bandwidth", bw, deadline)
     _section(report, "kernels", lambda: kernel_timings(torch), deadline)
     _section(report, "spans", lambda: span_check(torch), deadline)
@@ -419,9 +401,9 @@ def run(out_dir: Path, *, refresh_bandwidth: bool = False, engine: bool = True) 
     _section(report, "profiler", lambda: profiler_check(torch, out_dir), deadline)
     _section(report, "tree_build", tree_build_check, deadline)
     if engine:
-        _section(report, "engine", lambda: engine_check(torch), deadline)
+        _section(report, "engine", engine_check, deadline)
     report["meta"]["seconds"] = round(time.perf_counter() - started, 1)
-    write_atomic(out_dir / "report.json", json.dumps(report, indent=1, default=str) + "\n")
+    write_json(out_dir / "report.json", _plain(report), version=FORMAT_VERSION)
     write_atomic(out_dir / "report.md", render_markdown(report))
     return report
 
@@ -439,7 +421,7 @@ def failed_sections(report: dict) -> list[str]:
 def main(argv: list[str]) -> int:
     """`perfkit gpu-check [--out DIR] [--refresh] [--no-engine]`."""
     p = argparse.ArgumentParser(prog="perfkit gpu-check", description=__doc__.split("\n\n")[0])
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     p.add_argument("--out", type=Path, default=Path("runs") / f"gpu-check-{stamp}", help="report directory")
     p.add_argument("--refresh", action="store_true", help="remeasure the bandwidth instead of using the cache")
     p.add_argument("--no-engine", action="store_true", help="skip the engine runs")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 
 from perfkit import stats
-
 from perfkit.probe import spans
 from perfkit.probe.timing import bench
 

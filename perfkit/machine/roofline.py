@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from perfkit.errors import UserError
 
 __all__ = [
-    "Machine",
+    "Hardware",
     "PRESETS",
     "Cost",
-    "Floor",
+    "StepFloor",
     "step_cost",
     "floor",
     "sweep",
@@ -41,7 +41,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Machine:
+class Hardware:
     """What bounds a step: DRAM bytes/s and peak FLOP/s (dense, at the step's dtype)."""
 
     name: str
@@ -55,30 +55,25 @@ class Machine:
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise UserError(f"machine {self.name!r}: {fld} must be a positive number, got {v!r}")
 
-    @property
-    def ridge(self) -> float:
-        """FLOPs per byte above which a step is compute-bound on this machine."""
-        return self.peak_flops / self.dram_bytes_per_s
-
     @classmethod
-    def preset(cls, name: str) -> "Machine":
+    def preset(cls, name: str) -> Hardware:
         try:
             return PRESETS[name]
         except KeyError:
             raise UserError(f"unknown machine {name!r}; known: {', '.join(PRESETS)} or 'measured'") from None
 
     @classmethod
-    def measured(cls, *, device: str | None = None, refresh: bool = False) -> "Machine":
+    def measured(cls, *, device: str | None = None, refresh: bool = False) -> Hardware:
         """This machine from perfkit.machine.bandwidth: triad bandwidth and matmul FLOP/s, both measured.
 
-        ``device``: "cpu" or "cuda:N" (default: the first GPU when there is one, else the CPU).
+        `device`: "cpu" or "cuda:N" (default: the first GPU when there is one, else the CPU).
         """
         from perfkit.machine import bandwidth
 
         m = bandwidth.measured(refresh=refresh)
         dev = device or m.main_device()
-        triad = m.figure("triad", dev)
-        matmul = m.figure("matmul", dev)
+        triad = m.rate("triad", dev)
+        matmul = m.rate("matmul", dev)
         if dev.startswith("cuda"):
             gpus = m.machine.get("gpus") or []
             index = int(dev.split(":")[1])
@@ -94,16 +89,16 @@ class Machine:
 
 
 # Datasheet figures: DRAM bandwidth and dense (no sparsity) bf16 tensor-core FLOP/s.
-PRESETS: dict[str, Machine] = {
-    m.name: m
-    for m in (
-        Machine("H100 SXM", 3.35e12, 989e12),
-        Machine("H100 PCIe", 2.0e12, 756e12),
-        Machine("H200 SXM", 4.8e12, 989e12),
-        Machine("A100 80GB SXM", 2.039e12, 312e12),
-        Machine("A100 40GB", 1.555e12, 312e12),
-        Machine("L40S", 864e9, 362e12),
-        Machine("B200", 8.0e12, 2250e12),
+PRESETS: dict[str, Hardware] = {
+    h.name: h
+    for h in (
+        Hardware("H100 SXM", 3.35e12, 989e12),
+        Hardware("H100 PCIe", 2.0e12, 756e12),
+        Hardware("H200 SXM", 4.8e12, 989e12),
+        Hardware("A100 80GB SXM", 2.039e12, 312e12),
+        Hardware("A100 40GB", 1.555e12, 312e12),
+        Hardware("L40S", 864e9, 362e12),
+        Hardware("B200", 8.0e12, 2250e12),
     )
 }
 
@@ -115,34 +110,29 @@ class Cost:
     bytes: float
     flops: float
 
-    @property
-    def intensity(self) -> float:
-        """FLOPs per byte moved."""
-        return self.flops / self.bytes
-
 
 @dataclass(frozen=True)
-class Floor:
-    """The lower bound on a step's time on one machine and which resource sets it."""
+class StepFloor:
+    """The lower bound on a step's time on some hardware and which resource sets it."""
 
     seconds: float
     bound: str  # "memory" | "compute"
     bytes: float
     flops: float
-    machine: Machine
+    hardware: Hardware
     memory_seconds: float = 0.0
     compute_seconds: float = 0.0
 
     def note(self) -> str:
         """One line for a recorded floor metric or the ledger, e.g. '...memory-bound floor at 48.2 GB/s'."""
         rate = (
-            f"{self.machine.dram_bytes_per_s / 1e9:.4g} GB/s"
+            f"{self.hardware.dram_bytes_per_s / 1e9:.4g} GB/s"
             if self.bound == "memory"
-            else f"{self.machine.peak_flops / 1e12:.4g} TFLOP/s"
+            else f"{self.hardware.peak_flops / 1e12:.4g} TFLOP/s"
         )
         return (
-            f"{self.bound}-bound floor {self.seconds * 1e3:.4g} ms at {rate} {self.machine.source} "
-            f"({self.machine.name}; {self.bytes / 1e9:.4g} GB, {self.flops / 1e9:.4g} GFLOP)"
+            f"{self.bound}-bound floor {self.seconds * 1e3:.4g} ms at {rate} {self.hardware.source} "
+            f"({self.hardware.name}; {self.bytes / 1e9:.4g} GB, {self.flops / 1e9:.4g} GFLOP)"
         )
 
 
@@ -156,9 +146,9 @@ def _check_config(config) -> None:
 
 
 def expected_experts_touched(n_experts: int, top_k: int, tokens: int) -> float:
-    """Distinct experts a layer touches when ``tokens`` tokens each pick ``top_k`` of ``n_experts``
+    """Distinct experts a layer touches when `tokens` tokens each pick `top_k` of `n_experts`
     uniformly at random: n x (1 - (1 - k/n)^tokens). Real routers are skewed (fewer touched);
-    measure and pass ``experts_touched`` when you can."""
+    measure and pass `experts_touched` when you can."""
     if n_experts <= 0:
         return 0.0
     return n_experts * (1.0 - (1.0 - top_k / n_experts) ** tokens)
@@ -166,11 +156,11 @@ def expected_experts_touched(n_experts: int, top_k: int, tokens: int) -> float:
 
 def step_cost(config, *, batch: int, context: int, q_tokens: int, dtype_bytes: float,
               experts_touched: float | None = None) -> Cost:
-    """Bytes and FLOPs of one forward step of ``q_tokens`` new tokens per request over ``context``
-    cached tokens, for ``batch`` requests (decode: q_tokens=1; tree verify: q_tokens=nodes).
+    """Bytes and FLOPs of one forward step of `q_tokens` new tokens per request over `context`
+    cached tokens, for `batch` requests (decode: q_tokens=1; tree verify: q_tokens=nodes).
 
-    ``experts_touched``: distinct experts per layer in this step (MoE only); default: the
-    uniform-routing expectation of :func:`expected_experts_touched`.
+    `experts_touched`: distinct experts per layer in this step (MoE only); default: the
+    uniform-routing expectation of `expected_experts_touched`.
     """
     _check_config(config)
     if batch < 1 or q_tokens < 1 or context < 0 or dtype_bytes <= 0:
@@ -208,32 +198,32 @@ def step_cost(config, *, batch: int, context: int, q_tokens: int, dtype_bytes: f
     return Cost(bytes=float(nbytes), flops=float(flops))
 
 
-def floor(cost: Cost, machine: Machine) -> Floor:
-    """The larger of the memory and compute floors of ``cost`` on ``machine``."""
-    mem = cost.bytes / machine.dram_bytes_per_s
-    comp = cost.flops / machine.peak_flops
-    return Floor(
+def floor(cost: Cost, hardware: Hardware) -> StepFloor:
+    """The larger of the memory and compute floors of `cost` on `hardware`."""
+    mem = cost.bytes / hardware.dram_bytes_per_s
+    comp = cost.flops / hardware.peak_flops
+    return StepFloor(
         seconds=max(mem, comp),
         bound="memory" if mem >= comp else "compute",
         bytes=cost.bytes,
         flops=cost.flops,
-        machine=machine,
+        hardware=hardware,
         memory_seconds=mem,
         compute_seconds=comp,
     )
 
 
-def sweep(config, machine: Machine, *, contexts: list[int], batch: int, q_tokens: int,
-          dtype_bytes: float, experts_touched: float | None = None) -> list[tuple[int, Floor]]:
+def sweep(config, hardware: Hardware, *, contexts: list[int], batch: int, q_tokens: int,
+          dtype_bytes: float, experts_touched: float | None = None) -> list[tuple[int, StepFloor]]:
     """The floor at each context length, e.g. for a context-sweep hypothesis or the report table."""
     return [
         (ctx, floor(step_cost(config, batch=batch, context=ctx, q_tokens=q_tokens, dtype_bytes=dtype_bytes,
-                              experts_touched=experts_touched), machine))
+                              experts_touched=experts_touched), hardware))
         for ctx in contexts
     ]
 
 
-def format_sweep(rows: list[tuple[int, Floor]]) -> str:
+def format_sweep(rows: list[tuple[int, StepFloor]]) -> str:
     lines = [f"{'context':>8} {'MB':>10} {'MFLOP':>10} {'memory_us':>10} {'compute_us':>10} {'floor_us':>10} {'bound':>8}"]
     for ctx, f in rows:
         lines.append(
@@ -261,15 +251,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--dtype-bytes", type=float, default=4.0)
     p.add_argument("--experts-touched", type=float, default=None)
     a = p.parse_args(argv)
-    machine = Machine.measured() if a.machine == "measured" else Machine.preset(a.machine)
+    hardware = Hardware.measured() if a.machine == "measured" else Hardware.preset(a.machine)
     try:
         contexts = [int(x) for x in a.contexts.split(",") if x]
     except ValueError:
         raise UserError(f"--contexts takes comma-separated integers, got {a.contexts!r}") from None
-    rows = sweep(_engine_config(a.preset), machine, contexts=contexts, batch=a.batch, q_tokens=a.q_tokens,
+    rows = sweep(_engine_config(a.preset), hardware, contexts=contexts, batch=a.batch, q_tokens=a.q_tokens,
                  dtype_bytes=a.dtype_bytes, experts_touched=a.experts_touched)
-    print(f"{machine.name}: {machine.dram_bytes_per_s / 1e9:.4g} GB/s, {machine.peak_flops / 1e12:.4g} TFLOP/s "
-          f"({machine.source}); batch {a.batch}, {a.q_tokens} token(s)/request, {a.dtype_bytes:g} B/element")
+    print(f"{hardware.name}: {hardware.dram_bytes_per_s / 1e9:.4g} GB/s, {hardware.peak_flops / 1e12:.4g} TFLOP/s "
+          f"({hardware.source}); batch {a.batch}, {a.q_tokens} token(s)/request, {a.dtype_bytes:g} B/element")
     print(format_sweep(rows))
     return 0
 

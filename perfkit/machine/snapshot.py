@@ -1,10 +1,12 @@
 """The machine a measurement ran on: an environment snapshot and `perfkit env`.
 
 A measured cost means little without the hardware, software and commit it came from, so every run
-stores this snapshot in its manifest. NVIDIA GPUs are read through NVML (nvidia-ml-py); a machine
-without a driver gets one line saying why, never a traceback. Peak DRAM bandwidth is derived from
-NVML's maximum memory clock and bus width (double data rate), e.g. H100 SXM: 2619 MHz x 2 x 5120
-bit / 8 = 3.35 TB/s.
+stores this snapshot in its manifest. NVIDIA GPUs are read through NVML (perfkit.machine.devices);
+a machine without a driver gets one line saying why, never a traceback. Peak DRAM bandwidth is
+derived from NVML's maximum memory clock and bus width (double data rate), e.g. H100 SXM:
+2619 MHz x 2 x 5120 bit / 8 = 3.35 TB/s.
+
+Format history (`format_version`): 1: first format (the key was `format`); 2: `format_version`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import datetime as _dt
 import json
 import platform
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,26 +23,17 @@ import psutil
 
 import perfkit
 from perfkit.errors import UserError
+from perfkit.files import VERSION_KEY
+from perfkit.machine.devices import cpu_model, nvml
+from perfkit.paths import git_state
 
-__all__ = ["snapshot", "main", "cpu_model", "gpu_names", "nvml", "peak_dram_bytes_per_s", "format_snapshot"]
+__all__ = ["snapshot", "main", "peak_dram_bytes_per_s", "format_snapshot", "FORMAT_VERSION"]
 
-SNAPSHOT_FORMAT = 1
-_REPO = Path(__file__).resolve().parents[2]
+FORMAT_VERSION = 2
+_PERFKIT_CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 # --- CPU and memory --------------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    """The CPU's marketing name, as the OS reports it."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.lower().startswith(("model name", "hardware", "cpu model")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass  # not Linux: fall through to what the platform module knows
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def _cpu() -> dict:
@@ -69,21 +61,12 @@ def _memory() -> dict:
 # --- software --------------------------------------------------------------------------------------
 
 
-def _git() -> dict:
-    """Commit and dirty state of the perfkit checkout, or why there is none."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=_REPO, capture_output=True, text=True, timeout=10
-        )
-        if commit.returncode != 0:
-            return {"commit": None, "dirty": None, "note": "not a git checkout"}
-        status = subprocess.run(
-            ["git", "status", "--porcelain"],
-            cwd=_REPO, capture_output=True, text=True, timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"commit": None, "dirty": None, "note": f"git unavailable: {exc}"}
-    return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+def _git(root: Path) -> dict:
+    """Commit and dirty state of the checkout holding `root`, or a note saying there is none."""
+    commit, dirty = git_state(root)
+    if commit is None:
+        return {"commit": None, "dirty": None, "note": f"not a git checkout, or no git: {root}"}
+    return {"commit": commit, "dirty": dirty}
 
 
 def _torch() -> dict:
@@ -105,57 +88,6 @@ def _torch() -> dict:
 
 
 # --- NVIDIA GPUs through NVML ----------------------------------------------------------------------
-
-
-class nvml:  # noqa: N801 - a context manager used like a function
-    """NVML initialised for the block: ``with nvml() as nv: nv.handles`` (empty without a driver).
-
-    ``nv.note`` is None when NVML works, else one line such as "no NVIDIA driver: NVML Shared
-    Library Not Found". ``nv.module`` is pynvml, for queries.
-    """
-
-    def __enter__(self):
-        self.module = None
-        self.handles = []
-        self.note = None
-        self._initialised = False
-        try:
-            import pynvml
-        except ImportError as exc:
-            self.note = f"no NVIDIA driver: nvidia-ml-py not importable ({exc})"
-            return self
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
-            self.note = f"no NVIDIA driver: {exc}"
-            return self
-        self._initialised = True
-        self.module = pynvml
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        except pynvml.NVMLError as exc:
-            self.note = f"NVML could not list devices: {exc}"
-            self.handles = []
-        if not self.handles and self.note is None:
-            self.note = "NVIDIA driver present but no GPU visible"
-        return self
-
-    def query(self, fn_name: str, *args):
-        """Call ``pynvml.<fn_name>(*args)``; None when the GPU does not support the query."""
-        try:
-            value = getattr(self.module, fn_name)(*args)
-        except self.module.NVMLError:
-            return None
-        return value.decode() if isinstance(value, bytes) else value
-
-    def __exit__(self, *exc):
-        if self._initialised:
-            try:
-                self.module.nvmlShutdown()
-            except self.module.NVMLError:
-                pass  # shutting down a half-broken driver must not hide the real result
-        return False
 
 
 def peak_dram_bytes_per_s(max_mem_clock_mhz: float | None, bus_width_bits: int | None) -> float | None:
@@ -206,25 +138,20 @@ def _nvidia() -> dict:
         }
 
 
-def gpu_names() -> list[str]:
-    """Names of the NVIDIA GPUs NVML sees (empty without a driver)."""
-    with nvml() as nv:
-        return [nv.query("nvmlDeviceGetName", h) for h in nv.handles]
-
-
 # --- the snapshot ----------------------------------------------------------------------------------
 
 
-def snapshot(*, bandwidth: bool = True, refresh: bool = False) -> dict:
+def snapshot(*, bandwidth: bool = True, refresh: bool = False, root: Path | None = None) -> dict:
     """Everything about this machine a result depends on, as a JSON-able dict.
 
-    ``bandwidth``: include the measured memory bandwidth (cached per machine; measured once, a few
-    seconds, when there is no cache or ``refresh``).
+    `bandwidth`: include the measured memory bandwidth (cached per machine; measured once, a few
+    seconds, when there is no cache or `refresh`). `root`: the checkout whose git state is
+    recorded (default: perfkit's own source checkout).
     """
     nvidia = _nvidia()
     snap = {
-        "format": SNAPSHOT_FORMAT,
-        "taken_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        VERSION_KEY: FORMAT_VERSION,
+        "taken_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "hostname": socket.gethostname(),
         "os": {"system": platform.system(), "release": platform.release(), "platform": platform.platform()},
         "python": {
@@ -232,7 +159,7 @@ def snapshot(*, bandwidth: bool = True, refresh: bool = False) -> dict:
             "implementation": platform.python_implementation(),
             "executable": sys.executable,
         },
-        "perfkit": {"version": perfkit.__version__, "git": _git()},
+        "perfkit": {"version": perfkit.__version__, "git": _git(root or _PERFKIT_CHECKOUT)},
         "torch": _torch(),
         "cpu": _cpu(),
         "memory": _memory(),

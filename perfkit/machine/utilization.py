@@ -2,10 +2,12 @@
 
 A step time is easier to believe next to the CPU and GPU load it ran under (another job on the
 cores, a GPU at 30% utilisation, clocks dropping under a power cap). The sampler is a daemon thread
-that wakes every ``interval_s`` and reads, for the process tree it watches (the runner and the
+that wakes every `interval_s` and reads, for the process tree it watches (the runner and the
 notebook kernels it starts), CPU utilisation (% of one core, summed) and resident memory, plus the
 system-wide CPU load, and per NVIDIA GPU through NVML: utilisation, memory used, SM and memory
 clocks and power. It measures its own CPU time, so its overhead is a number in every trace.
+
+Format history (`format_version`): 1: first format (the key was `format`); 2: `format_version`.
 """
 
 from __future__ import annotations
@@ -18,18 +20,27 @@ from pathlib import Path
 
 import psutil
 
-from perfkit.machine.snapshot import nvml
+from perfkit.files import VERSION_KEY, write_atomic
+from perfkit.machine.devices import nvml
 
-__all__ = ["Sampler", "plot_trace", "TRACE_FORMAT"]
+__all__ = ["Sampler", "plot_trace", "busy_cpu_seconds", "FORMAT_VERSION"]
 
-TRACE_FORMAT = 1
+FORMAT_VERSION = 2
+
+
+def busy_cpu_seconds(before, after) -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine, summed over its cores, between two
+    `psutil.cpu_times()` reads; idle and iowait time are not busy."""
+    idle = lambda t: t.idle + getattr(t, "iowait", 0.0)  # noqa: E731
+    total = sum(after) - sum(before)
+    return total - (idle(after) - idle(before)), total
 
 
 class _Tree:
     """CPU time and RSS of a process and its descendants, as deltas between two reads.
 
     Listing descendants scans every process on the machine, so it is redone only every
-    ``rescan_s``; the known members are read on every sample.
+    `rescan_s`; the known members are read on every sample.
     """
 
     def __init__(self, pid: int, *, rescan_s: float = 1.0):
@@ -90,21 +101,19 @@ class _MachineCpu:
         if self.last is None:
             self.last = now
             return None
-        idle = lambda t: t.idle + getattr(t, "iowait", 0.0)  # noqa: E731
-        total = sum(now) - sum(self.last)
-        busy = total - (idle(now) - idle(self.last))
+        busy, total = busy_cpu_seconds(self.last, now)
         self.last = now
         return 0.0 if total <= 0 else max(0.0, 100.0 * busy / total)
 
 
 class Sampler:
-    """Samples utilisation in a background thread between ``start()`` and ``stop()``.
+    """Samples utilisation in a background thread between `start()` and `stop()`.
 
-    ``pid``: root of the watched process tree (default: this process); ``rescan_s``: how often new
+    `pid`: root of the watched process tree (default: this process); `rescan_s`: how often new
     child processes are looked for.
 
-    ``stop()`` returns the trace: a JSON-able dict with epoch-second timestamps ``t`` and one list
-    per series, the GPUs' series under ``gpus``, and the sampler's own cost under ``overhead``.
+    `stop()` returns the trace: a JSON-able dict with epoch-second timestamps `t` and one list
+    per series, the GPUs' series under `gpus`, and the sampler's own cost under `overhead`.
     """
 
     def __init__(self, interval_s: float = 0.25, *, pid: int | None = None, rescan_s: float = 1.0):
@@ -120,7 +129,7 @@ class Sampler:
 
     # -- lifecycle --
 
-    def start(self) -> "Sampler":
+    def start(self) -> Sampler:
         if self._thread is not None:
             raise RuntimeError("Sampler.start() called twice; use a new Sampler per probe execution")
         self._ready = threading.Event()
@@ -138,20 +147,13 @@ class Sampler:
             raise RuntimeError(f"utilization sampler failed: {self._error!r}") from self._error
         return self._trace
 
-    def __enter__(self) -> "Sampler":
-        return self.start()
-
-    def __exit__(self, *exc) -> bool:
-        self.trace = self.stop()
-        return False
-
     # -- the thread --
 
     def _run(self) -> None:
         cpu0 = time.thread_time()
         wall0 = time.perf_counter()
         trace: dict = {
-            "format": TRACE_FORMAT,
+            VERSION_KEY: FORMAT_VERSION,
             "interval_s": self.interval_s,
             "pid": self.pid,
             "t": [],
@@ -238,15 +240,13 @@ def _none_to_nan(values: list) -> list[float]:
 
 
 def plot_trace(trace: dict, path, *, intervals: list[tuple[str, float, float]]) -> Path:
-    """Draw the trace on a time axis (seconds from its first sample) with ``intervals`` shaded.
+    """Draw the trace on a time axis (seconds from its first sample) with `intervals` shaded.
 
-    ``intervals``: (label, t0, t1) in epoch seconds, e.g. each notebook cell or span. Writes a PNG at
-    ``path`` (atomically) and returns it.
+    `intervals`: (label, t0, t1) in epoch seconds, e.g. each notebook cell or span. Writes a PNG at
+    `path` (atomically) and returns it.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-
-    from perfkit.files import write_atomic
 
     ts = trace["t"]
     starts = [t for _, t, _ in intervals]

@@ -1,0 +1,81 @@
+"""What this machine's processors are called: the CPU model, and the NVIDIA GPUs through NVML.
+
+A leaf of perfkit.machine: the snapshot, the bandwidth cache's fingerprint, the utilization
+sampler and the GPU check all name the hardware through it, and it imports none of them.
+A machine without a driver gets one line saying why (`nvml().note`), never a traceback.
+"""
+
+from __future__ import annotations
+
+import platform
+
+__all__ = ["cpu_model", "nvml", "gpu_names"]
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name, as the OS reports it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass  # not Linux: fall through to what the platform module knows
+    return platform.processor() or platform.machine() or "unknown"
+
+
+class nvml:  # noqa: N801 - a context manager used like a function
+    """NVML initialised for the block: `with nvml() as nv: nv.handles` (empty without a driver).
+
+    `nv.note` is None when NVML works, else one line such as "no NVIDIA driver: NVML Shared
+    Library Not Found". `nv.module` is pynvml, for queries.
+    """
+
+    def __enter__(self):
+        self.module = None
+        self.handles = []
+        self.note = None
+        self._initialised = False
+        try:
+            import pynvml
+        except ImportError as exc:
+            self.note = f"no NVIDIA driver: nvidia-ml-py not importable ({exc})"
+            return self
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            self.note = f"no NVIDIA driver: {exc}"
+            return self
+        self._initialised = True
+        self.module = pynvml
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        except pynvml.NVMLError as exc:
+            self.note = f"NVML could not list devices: {exc}"
+            self.handles = []
+        if not self.handles and self.note is None:
+            self.note = "NVIDIA driver present but no GPU visible"
+        return self
+
+    def query(self, fn_name: str, *args):
+        """Call `pynvml.<fn_name>(*args)`; None when the GPU does not support the query."""
+        try:
+            value = getattr(self.module, fn_name)(*args)
+        except self.module.NVMLError:
+            return None
+        return value.decode() if isinstance(value, bytes) else value
+
+    def __exit__(self, *exc):
+        if self._initialised:
+            try:
+                self.module.nvmlShutdown()
+            except self.module.NVMLError:
+                pass  # shutting down a half-broken driver must not hide the real result
+        return False
+
+
+def gpu_names() -> list[str]:
+    """Names of the NVIDIA GPUs NVML sees (empty without a driver)."""
+    with nvml() as nv:
+        return [nv.query("nvmlDeviceGetName", h) for h in nv.handles]
