@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=None, metavar="S", help="wall-clock limit per probe execution (default 600 s)")
     run.add_argument("--force", action="store_true", help="re-execute probes even when a cached execution exists")
     run.add_argument("--profile", choices=["torch"], help="capture a torch.profiler trace of each probe execution")
+    run.add_argument("--replicates", type=int, default=None, metavar="R",
+                     help="independent kernel processes per probe execution (default 3 with --quick, else 5; "
+                          "a record's probe.replicates can ask for more)")
 
     led = sub.add_parser("ledger", help="regenerate hypotheses/LEDGER.md from the stored results")
     led.add_argument("--check", action="store_true", help="exit 1 when the ledger or a verdict is out of date")
@@ -96,7 +99,7 @@ def _main(argv: list[str]) -> int:
             project, ids=args.ids, all_hypotheses=args.all, quick=args.quick, jobs=args.jobs,
             overrides=runner.parse_overrides(args.param),
             timeout_s=args.timeout if args.timeout is not None else runner.DEFAULT_TIMEOUT_S,
-            force=args.force, profile=args.profile, command="perfkit " + shlex.join(argv),
+            force=args.force, profile=args.profile, replicates=args.replicates, command="perfkit " + shlex.join(argv),
         )
         return report.exit_code
     if args.command == "ledger":

@@ -33,7 +33,9 @@ def first(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         # other people edit perfkit while tests run; the cache key must not move under this module
         mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-        report = runner.run(project, all_hypotheses=True, quick=True, jobs=2, timeout_s=15, out=lines.append)
+        mp.setattr(runner.fitness, "unfit", lambda trace: None)  # the suite shares the machine with other work
+        report = runner.run(project, all_hypotheses=True, quick=True, jobs=2, timeout_s=15, replicates=1,
+                            out=lines.append)
     return project, report, lines
 
 
@@ -41,6 +43,8 @@ def rerun(project, **kwargs):
     lines: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
+        mp.setattr(runner.fitness, "unfit", kwargs.pop("unfit", lambda trace: None))
+        kwargs.setdefault("replicates", 1)
         report = runner.run(project, quick=True, out=lines.append, **kwargs)
     return report, lines
 
@@ -72,13 +76,13 @@ def test_progress_lines_and_evidence_are_kept(first):
     assert sum(1 for line in lines if " start    fixture_probe.ipynb" in line) == 6
     assert any("finished fixture_probe.ipynb mode=sleep" in line and "TIMEOUT" in line for line in lines)
     run_dir = project.runs_dir / report.run_id
-    executions = [json.loads(p.read_text()) for p in run_dir.glob("executions/*/execution.json")]
+    executions = [json.loads(p.read_text()) for p in run_dir.glob("executions/*/r0/execution.json")]
     assert len(executions) == 6
     sleeper = next(e for e in executions if e["params"] == {"mode": "sleep"})
-    partial = nbformat.read(str(run_dir / "executions" / sleeper["key"] / "executed.ipynb"), as_version=4)
+    partial = nbformat.read(str(run_dir / "executions" / sleeper["key"] / "r0" / "executed.ipynb"), as_version=4)
     assert partial.cells[5].metadata.papermill.status == "running"  # the partial notebook, as it was
     raiser = next(e for e in executions if e["params"] == {"mode": "raise"})
-    assert "probe failed on purpose" in (run_dir / "executions" / raiser["key"] / "traceback.txt").read_text()
+    assert "probe failed on purpose" in (run_dir / "executions" / raiser["key"] / "r0" / "traceback.txt").read_text()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "finished"
     assert set(manifest["versions"]) >= {"python", "torch", "papermill"}
@@ -93,7 +97,7 @@ def test_progress_lines_and_evidence_are_kept(first):
 def test_utilization_trace_per_execution(first):
     project, report, _ = first
     run_dir = project.runs_dir / report.run_id
-    for exec_dir in (run_dir / "executions").iterdir():
+    for exec_dir in (run_dir / "executions").glob("*/r0"):
         assert (exec_dir / "utilization.json").is_file() and (exec_dir / "utilization.png").is_file()
 
 
@@ -146,11 +150,12 @@ def test_param_overrides_are_checked(first):
         rerun(project)
 
 
-def test_shipped_mask_build_probe_runs(tmp_path):
+def test_shipped_mask_build_probe_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner.fitness, "unfit", lambda trace: None)  # other tests may be running beside this one
     shutil.copytree(ROOT / "hypotheses", tmp_path / "hypotheses", ignore=shutil.ignore_patterns("ledger", "LEDGER.md"))
     shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
     lines: list[str] = []
-    report = runner.run(Project(tmp_path), ids=["mask-build-compact-10x"],
+    report = runner.run(Project(tmp_path), ids=["mask-build-compact-10x"], replicates=1,
                         overrides={"contexts": [8192, 32768], "batches": [8], "repeat": 5}, out=lines.append)
     (result,) = report.results.hypotheses
     # ~100x apart on any machine (8.7M booleans against 8.7k); 10x leaves room for a noisy one
@@ -162,7 +167,7 @@ def test_profile_torch_saves_a_trace_in_the_execution(first):
     project, _, _ = first
     report, lines = rerun(project, ids=["fx-cost-confirmed"], profile="torch")
     assert report.executed == 1  # the profiled execution is a different one from the plain run
-    (exec_dir,) = (project.runs_dir / report.run_id / "executions").iterdir()
+    (exec_dir,) = (project.runs_dir / report.run_id / "executions").glob("*/r0")
     assert (exec_dir / "torch_trace.json").is_file()
     executed = nbformat.read(str(exec_dir / "executed.ipynb"), as_version=4)
     injected = [c for c in executed.cells if runner.INJECTED_TAG in c.metadata.get("tags", [])]
@@ -192,8 +197,41 @@ def test_a_finished_manifest_records_the_executions_in_one_shape(first):
     project, report, _ = first
     manifest = json.loads((project.runs_dir / report.run_id / "manifest.json").read_text())
     assert manifest["status"] == "finished" and len(manifest["executions"]) == 6
-    stored = json.loads(next((project.runs_dir / report.run_id / "executions").glob("*/execution.json")).read_text())
+    stored = json.loads(next((project.runs_dir / report.run_id / "executions").glob("*/r0/execution.json")).read_text())
     shape = set(stored) - {"records", "format_version"}
     assert all(set(x) == shape for x in manifest["executions"])
     ref = report.results.hypotheses[0].executions[0].to_json(with_records=False)
     assert set(ref) == shape
+
+
+def test_replicates_run_in_rounds_are_told_their_index_and_a_busy_one_is_rerun(first):
+    project, _, _ = first
+    busy_once = {"left": 1}
+
+    def unfit(trace):  # the first replicate to finish was measured on a busy machine; the re-run is fine
+        if busy_once["left"]:
+            busy_once["left"] -= 1
+            return "machine busy: 1.0 cores used by other processes on average"
+        return None
+
+    report, lines = rerun(project, ids=["fx-cost-confirmed", "fx-speedup"], force=True, replicates=2, unfit=unfit)
+    starts = [line for line in lines if " start    " in line]
+    assert len(starts) == 2 + 1  # one execution (both read it) x two replicates, and one re-run
+    assert ["replicate 0" in s for s in starts[:2]] == [True, False]  # round 0, then round 1
+    assert any(line.startswith("re-running 1 replicates") for line in lines)
+    run_dir = project.runs_dir / report.run_id
+    told = nbformat.read(str(next(run_dir.glob("executions/*/r1")) / "executed.ipynb"), as_version=4)
+    assert "replicate = 1" in next(c.source for c in told.cells if "injected-parameters" in c.metadata.get("tags", []))
+    (result,) = [h for h in report.results.hypotheses if h.id == "fx-cost-confirmed"]
+    assert result.verdict == "confirmed" and all(m.replicates == 2 for m in result.metrics)
+    assert {x.replicate for x in result.executions} == {0, 1} and not any(x.unfit for x in result.executions)
+
+
+def test_a_verdict_resting_on_a_busy_machine_is_inconclusive_with_the_reason(first):
+    project, _, _ = first
+    report, _ = rerun(project, ids=["fx-cost-confirmed"], force=True, replicates=2,
+                      unfit=lambda trace: "machine busy: 1.2 cores used by other processes on average")
+    (result,) = report.results.hypotheses
+    assert result.verdict == "inconclusive"
+    assert result.reason == ("the machine was not fit to measure on: machine busy: 1.2 cores used by other processes "
+                             "on average during 2 of 2 replicates")

@@ -155,10 +155,12 @@ def execute(
     kernel_dir: Path,
     timeout_s: float,
     env: dict[str, str] | None = None,
+    extra: dict[str, object] | None = None,
 ) -> Execution:
     """Execute `notebook` with the planned parameters into exec_dir/executed.ipynb; never raises for what the probe does.
 
-    Returns the planned execution, ended: its status, wall time, records and, when it did not end
+    `extra` adds parameters the plan does not key on (the replicate index). Returns the planned
+    execution, ended: its status, wall time, records and, when it did not end
     well, the reason naming the cell (the traceback goes to exec_dir/traceback.txt).
     """
     output = Path(exec_dir) / "executed.ipynb"
@@ -168,7 +170,7 @@ def execute(
     if outcome_path.exists():
         outcome_path.unlink()
     write_atomic(spec_path, json.dumps({
-        "notebook": str(notebook), "output": str(output), "params": planned.params, "cwd": str(cwd),
+        "notebook": str(notebook), "output": str(output), "params": {**planned.params, **(extra or {})}, "cwd": str(cwd),
         "outcome": str(outcome_path),
     }, indent=1))
     child_env = dict(os.environ)

@@ -26,6 +26,7 @@ The record, hypotheses/<id>.yaml:
       params: {ctx: 46000, batch: 1}  # full mode; each must be declared by the notebook
       quick: {ctx: 4096}              # overrides for --quick
       sweep: {param: ctx, values: [4096, 16384], quick: [4096]}   # one execution per value
+      replicates: 5                   # optional: kernel processes per execution (default: the run's)
     tags: [case-study]
 """
 
@@ -48,7 +49,8 @@ from perfkit.paths import Project, find_project
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 _TOP_KEYS = {"id": True, "claim": True, "rationale": True, "expect": True, "probe": True, "tags": False}
-_PROBE_KEYS = {"notebook": True, "params": False, "quick": False, "sweep": False}
+_PROBE_KEYS = {"notebook": True, "params": False, "quick": False, "sweep": False, "replicates": False}
+MAX_REPLICATES = 50
 _SWEEP_KEYS = {"param": True, "values": True, "quick": False}
 
 
@@ -75,6 +77,7 @@ class Probe:
     params: dict[str, Any] = field(default_factory=dict)
     quick: dict[str, Any] = field(default_factory=dict)
     sweep: Sweep | None = None
+    replicates: int | None = None  # independent kernel processes per execution; None: the run's default
 
 
 @dataclass(frozen=True)
@@ -184,9 +187,14 @@ def _check_probe(checker: Checker, raw: Any, project: Project, notebook_cache: d
     sweep = None
     if "sweep" in probe:
         sweep = _check_sweep(checker, probe["sweep"], declared)
+    replicates = probe.get("replicates")
+    if replicates is not None and (not isinstance(replicates, int) or isinstance(replicates, bool)
+                                   or not 1 <= replicates <= MAX_REPLICATES):
+        checker.fail(where + ("replicates",), f"expected an integer from 1 to {MAX_REPLICATES}, got {replicates!r}")
     if len(checker.errors) > errors_before:
         return None
-    return Probe(notebook=notebook, params=dict(blocks.get("params", {})), quick=dict(blocks.get("quick", {})), sweep=sweep)
+    return Probe(notebook=notebook, params=dict(blocks.get("params", {})), quick=dict(blocks.get("quick", {})),
+                 sweep=sweep, replicates=replicates)
 
 
 def _check_sweep(checker: Checker, raw: Any, declared: dict | None) -> Sweep | None:

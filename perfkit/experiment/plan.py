@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,12 +23,22 @@ from perfkit.paths import Project
 _PACKAGE = Path(__file__).resolve().parents[1]
 
 
+REPLICATE_PARAM = "replicate"  # a probe that declares it is told which replicate it is
+
+
 @dataclass(frozen=True)
 class Plan:
     """The distinct executions, in first-needed order, and the keys each hypothesis reads."""
 
-    executions: tuple[Execution, ...]
+    executions: tuple[Execution, ...]  # replicate 0 of each
     needs: dict[str, tuple[str, ...]]  # hypothesis id -> execution keys
+    replicates: dict[str, int]  # execution key -> independent kernel processes to run
+    told: frozenset[str] = frozenset()  # keys whose notebook declares the `replicate` parameter
+
+    def replicated(self) -> list[Execution]:
+        """Every replicate of every execution, round by round: replicate 0 of all, then 1, ..."""
+        rounds = max(self.replicates.values(), default=0)
+        return [replace(x, replicate=r) for r in range(rounds) for x in self.executions if r < self.replicates[x.key]]
 
 
 def source_tree_hash() -> str:
@@ -87,6 +97,7 @@ def plan(
     overrides: dict[str, Any],
     source_hash: str,
     profile: str | None,
+    replicates: int = 1,
     note: Callable[[str], None] = print,
 ) -> Plan:
     """The distinct executions the hypotheses need; an override no selected probe declares is an error."""
@@ -94,6 +105,8 @@ def plan(
     used_overrides: set[str] = set()
     by_key: dict[str, Execution] = {}
     needs: dict[str, tuple[str, ...]] = {}
+    counts: dict[str, int] = {}
+    told: set[str] = set()
     for h in hypotheses:
         path = project.notebooks_dir / h.probe.notebook
         if h.probe.notebook not in declared_cache:
@@ -114,9 +127,12 @@ def plan(
         for point in _points(h, params, quick=quick, overrides=overrides, note=note):
             key = execution_key(notebook_bytes, point, source_hash, profile)
             by_key.setdefault(key, Execution(key=key, notebook=h.probe.notebook, params=point))
+            counts[key] = max(counts.get(key, 1), h.probe.replicates or replicates)
+            if isinstance(declared, dict) and REPLICATE_PARAM in declared:
+                told.add(key)
             keys.append(key)
         needs[h.id] = tuple(keys)
     unused = sorted(set(overrides) - used_overrides)
     if unused:
         raise UserError(f"--param {', '.join(unused)}: no selected probe declares it")
-    return Plan(executions=tuple(by_key.values()), needs=needs)
+    return Plan(executions=tuple(by_key.values()), needs=needs, replicates=counts, told=frozenset(told))

@@ -15,6 +15,9 @@ Format history (`format_version`), the same numbers for both files:
      `cached` (results).
   2: one execution shape in both files: `run_id` is the run that executed it, `reused` says the
      run took it from there instead of executing it again.
+  3: replicates: an execution has a `replicate` index (each replicate is its own kernel process)
+     and `unfit`, why its machine was not fit to measure on (or null); a metric summary says over
+     how many `replicates` and what share of the variance lies `between` them.
 Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file is refused.
 """
 
@@ -30,7 +33,7 @@ from perfkit.files import Reader, encode_number, read_json, upgrade, write_json
 from perfkit.paths import Project
 from perfkit.samples import MetricRecord
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 VERDICTS = ("confirmed", "refuted", "inconclusive", "error")
 PLANNED = "planned"
 STATUSES = (PLANNED, "ok", "error", "timeout", "crashed")
@@ -54,6 +57,8 @@ class Execution:
     wall_s: float | None = None
     run_id: str | None = None  # the run that executed it
     reused: bool = False  # a later run took it from run_id instead of executing it again
+    replicate: int = 0  # which of the execution's independent kernel processes this is
+    unfit: str | None = None  # why the machine was not fit to measure on while it ran, if it was not
     reason: str | None = None  # why it did not end "ok", with the cell
     cell_index: int | None = None
     ename: str | None = None
@@ -63,6 +68,11 @@ class Execution:
     def label(self) -> str:
         shown = " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
         return f"{self.notebook} {shown}".strip()
+
+    @property
+    def id(self) -> str:
+        """Key and replicate: where it is stored, runs/<run-id>/executions/<key>/r<replicate>/."""
+        return f"{self.key}/r{self.replicate}"
 
     def to_json(self, *, with_records: bool = True) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if k != "records"}
@@ -80,6 +90,8 @@ class Execution:
             wall_s=r.number("wall_s", optional=True),
             run_id=r.get("run_id", str, optional=True),
             reused=r.get("reused", bool),
+            replicate=r.get("replicate", int),
+            unfit=r.get("unfit", str, optional=True),
             reason=r.get("reason", str, optional=True),
             cell_index=r.get("cell_index", int, optional=True),
             ename=r.get("ename", str, optional=True),
@@ -118,6 +130,8 @@ class MetricSummary:
     high: float | None
     std: float | None
     note: str | None = None
+    replicates: int | None = None  # processes the interval rests on (format 3 on)
+    between: float | None = None  # share of the variance between those processes
 
 
 @dataclass(frozen=True)
@@ -153,7 +167,7 @@ class HypothesisResult:
             for key in ("value", "low", "high"):
                 data["measured"][key] = _number_json(data["measured"][key])
         for m in data["metrics"]:
-            for key in ("mean", "low", "high", "std"):
+            for key in ("mean", "low", "high", "std", "between"):
                 m[key] = _number_json(m[key])
         data["executions"] = [x.to_json(with_records=False) for x in self.executions]
         return data
@@ -201,6 +215,8 @@ class HypothesisResult:
                     high=c.number("high", optional=True),
                     std=c.number("std", optional=True),
                     note=c.get("note", str, optional=True),
+                    replicates=c.get("replicates", int, optional=True),
+                    between=c.number("between", optional=True),
                 )
                 for c in r.children("metrics")
             ),
@@ -259,8 +275,18 @@ def _1_to_2(old: dict) -> dict:
     return _results_1_to_2(old) if "hypotheses" in old else _execution_1_to_2(old)
 
 
+def _2_to_3(old: dict) -> dict:
+    """Every earlier execution was one process: replicate 0, its fitness not judged."""
+    executions = [x for h in old.get("hypotheses", []) for x in h.get("executions", [])] if "hypotheses" in old else [old]
+    for x in executions:
+        if isinstance(x, dict):
+            x.setdefault("replicate", 0)
+            x.setdefault("unfit", None)
+    return old
+
+
 #: version n -> function turning a version-n dict into a version-(n + 1) dict (either file).
-UPGRADES: dict[int, Callable[[dict], dict]] = {1: _1_to_2}
+UPGRADES: dict[int, Callable[[dict], dict]] = {1: _1_to_2, 2: _2_to_3}
 
 
 # ---------------------------------------------------------------- files

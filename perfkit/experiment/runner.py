@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import sys
 import threading
 import time
@@ -25,14 +26,14 @@ from perfkit import stats
 from perfkit.errors import UserError
 from perfkit.experiment import execute as executor
 from perfkit.experiment import ledger, plots
-from perfkit.experiment.hypothesis import Hypothesis, load_hypotheses
-from perfkit.experiment.plan import Plan, parse_overrides, plan, source_tree_hash
+from perfkit.experiment.hypothesis import MAX_REPLICATES, Hypothesis, load_hypotheses
+from perfkit.experiment.plan import REPLICATE_PARAM, Plan, parse_overrides, plan, source_tree_hash
 from perfkit.experiment.results import (
     Execution, HypothesisResult, MetricSummary, RunResults, read_execution, write_execution, write_results,
 )
 from perfkit.experiment.verdict import Judgement, Point, Verdict, effective_points, judge
 from perfkit.files import write_atomic, write_json
-from perfkit.machine import snapshot, utilization
+from perfkit.machine import fitness, snapshot, utilization
 from perfkit.paths import Project, git_state
 
 __all__ = ["DEFAULT_TIMEOUT_S", "INJECTED_TAG", "PROFILERS", "RunOptions", "RunReport", "parse_overrides", "run"]
@@ -40,6 +41,8 @@ __all__ = ["DEFAULT_TIMEOUT_S", "INJECTED_TAG", "PROFILERS", "RunOptions", "RunR
 PROFILERS = ("torch",)
 INJECTED_TAG = "perfkit-injected"
 DEFAULT_TIMEOUT_S = 600.0
+#: independent kernel processes per execution when neither the command nor the record says
+DEFAULT_REPLICATES = {"quick": 3, "full": 5}
 #: Format history of runs/<run-id>/manifest.json (`format_version`):
 #:   1: first format (with a top-level `git` beside the environment's).
 #:   2: the project's git state is recorded once, in `git`; statuses running | finished | interrupted.
@@ -55,8 +58,15 @@ class RunOptions:
     force: bool = False
     profile: str | None = None
     command: str = ""
+    replicates: int | None = None  # None: DEFAULT_REPLICATES for the mode
+    retry_unfit: bool = True  # re-run, once, a replicate measured while the machine was busy
+
+    def replicates_default(self) -> int:
+        return self.replicates or DEFAULT_REPLICATES["quick" if self.quick else "full"]
 
     def check(self) -> None:
+        if self.replicates is not None and not 1 <= self.replicates <= MAX_REPLICATES:
+            raise UserError(f"--replicates must be from 1 to {MAX_REPLICATES}, got {self.replicates}")
         if self.jobs < 1:
             raise UserError(f"--jobs must be at least 1, got {self.jobs}")
         if self.timeout_s <= 0:
@@ -147,6 +157,7 @@ def _manifest(project: Project, run_dir: RunDir, hypotheses: list[Hypothesis], o
         | {"python": platform.python_version()},
         "options": {"quick": options.quick, "jobs": options.jobs, "timeout_s": options.timeout_s, "force": options.force,
                     "profile": options.profile, "overrides": options.overrides,
+                    "replicates": options.replicates_default(),
                     "hypotheses": [h.id for h in hypotheses]},
         "perfkit_source": source_hash,
     }
@@ -159,17 +170,17 @@ def _write_manifest(run_dir: RunDir, manifest: dict[str, Any]) -> None:
 # ---------------------------------------------------------------- execute (or reuse)
 
 
-def find_cached(project: Project, key: str, current_run: str) -> Execution | None:
-    """The latest earlier execution with this key that ended well."""
+def find_cached(project: Project, planned: Execution, current_run: str) -> Execution | None:
+    """The latest earlier execution of this key and replicate that ended well on a fit machine."""
     if not project.runs_dir.is_dir():
         return None
     for run_dir in sorted((p for p in project.runs_dir.iterdir() if p.is_dir()), reverse=True):
         if run_dir.name == current_run:
             continue
-        path = run_dir / "executions" / key / "execution.json"
+        path = run_dir / "executions" / planned.id / "execution.json"
         if path.is_file():
             found = read_execution(path, project.relative(path))
-            if found.status == "ok" and found.key == key:
+            if found.status == "ok" and found.key == planned.key and found.replicate == planned.replicate and not found.unfit:
                 return found
     return None
 
@@ -191,8 +202,8 @@ def _profiled_notebook(source: Path, target: Path, trace_path: str) -> Path:
 
 
 def _execute_one(project: Project, run_dir: RunDir, planned: Execution, options: RunOptions, *, kernel_dir: Path,
-                 tag: str, say: _Printer) -> Execution:
-    exec_dir = run_dir.execution_dir(planned.key)
+                 told: bool, tag: str, say: _Printer) -> Execution:
+    exec_dir = run_dir.execution_dir(planned.id)
     exec_dir.mkdir(parents=True, exist_ok=True)
     notebook = project.notebooks_dir / planned.notebook
     env = {}
@@ -201,58 +212,87 @@ def _execute_one(project: Project, run_dir: RunDir, planned: Execution, options:
         env["PERFKIT_TORCH_PROFILE"] = str(trace)
         notebook = _profiled_notebook(notebook, exec_dir / "input.ipynb", str(trace))
     sampler = utilization.Sampler(interval_s=0.25)
-    say(f"{tag} start    {planned.label()}")
+    label = f"{planned.label()} [replicate {planned.replicate}]"
+    say(f"{tag} start    {label}")
     sampler.start()
     try:
         ended = executor.execute(planned, notebook=notebook, exec_dir=exec_dir, run_id=run_dir.run_id,
-                                 cwd=project.notebooks_dir, kernel_dir=kernel_dir, timeout_s=options.timeout_s, env=env)
+                                 cwd=project.notebooks_dir, kernel_dir=kernel_dir, timeout_s=options.timeout_s, env=env,
+                                 extra={REPLICATE_PARAM: planned.replicate} if told else None)
     finally:
         trace_data = sampler.stop()
+    ended = replace(ended, unfit=fitness.unfit(trace_data))
     write_atomic(exec_dir / "utilization.json", json.dumps(trace_data, indent=1, default=str) + "\n")
     nb = executor.read_notebook(exec_dir / "executed.ipynb")
     utilization.plot_trace(trace_data, exec_dir / "utilization.png", intervals=executor.cell_times(nb) if nb else [])
     write_execution(exec_dir / "execution.json", ended)
     detail = f"{len(ended.records)} records" if ended.status == "ok" else ended.reason
     status = "ok" if ended.status == "ok" else ended.status.upper()
-    say(f"{tag} finished {planned.label()}  {ended.wall_s:.1f} s  {status}: {detail}")
+    say(f"{tag} finished {label}  {ended.wall_s:.1f} s  {status}: {detail}" + (f"  UNFIT: {ended.unfit}" if ended.unfit else ""))
     return ended
 
 
-def execute(project: Project, run_dir: RunDir, the_plan: Plan, options: RunOptions, say: _Printer,
-            done: dict[str, Execution]) -> None:
-    """Reuse or execute every planned execution, filling `done` (key -> ended execution) as each ends."""
-    to_run: list[Execution] = []
-    for planned in the_plan.executions:
-        cached = None if options.force else find_cached(project, planned.key, run_dir.run_id)
-        if cached is None:
-            to_run.append(planned)
-            continue
-        reused = replace(cached, reused=True)
-        write_execution(run_dir.execution_dir(planned.key) / "execution.json", reused)
-        done[planned.key] = reused
-    total = len(the_plan.executions)
-    say(f"run {run_dir.run_id}: {len(the_plan.needs)} hypotheses, {total} probe executions "
-        f"({len(to_run)} to execute, {total - len(to_run)} reused){' [quick]' if options.quick else ''}")
-    for x in the_plan.executions:
-        if x.key in done:
-            say(f"[reused]  {x.label()}  from run {done[x.key].run_id} ({done[x.key].wall_s:.1f} s there)")
-    if not to_run:
-        return
-    kernel_dir = executor.ensure_kernelspec(run_dir.path / "jupyter")
+def _in_pool(project: Project, run_dir: RunDir, the_plan: Plan, options: RunOptions, batch: list[Execution],
+             say: _Printer, done: dict[str, Execution], *, kernel_dir: Path, first: int, total: int) -> None:
+    """Execute one round's executions, `options.jobs` at a time, filling `done` as each ends."""
     pool = ThreadPoolExecutor(max_workers=options.jobs)
     try:
         futures = {
-            pool.submit(_execute_one, project, run_dir, p, options, kernel_dir=kernel_dir,
-                        tag=f"[{i + 1}/{len(to_run)}]", say=say): p
-            for i, p in enumerate(to_run)
+            pool.submit(_execute_one, project, run_dir, x, options, kernel_dir=kernel_dir, told=x.key in the_plan.told,
+                        tag=f"[{first + i + 1}/{total}]", say=say): x
+            for i, x in enumerate(batch)
         }
-        for future, p in futures.items():
-            done[p.key] = future.result()
+        for future, x in futures.items():
+            done[x.id] = future.result()
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         executor.kill_all()
         raise
     pool.shutdown()
+
+
+def execute(project: Project, run_dir: RunDir, the_plan: Plan, options: RunOptions, say: _Printer,
+            done: dict[str, Execution]) -> None:
+    """Reuse or execute every replicate of every planned execution, filling `done` (id -> ended) as each ends.
+
+    Replicates run in rounds (replicate 0 of every execution, then 1, ...), each round in an order
+    shuffled with a fixed seed, so drift and background load spread over all executions instead of
+    landing on one. A replicate measured on a busy machine is re-run once at the end.
+    """
+    to_run: list[Execution] = []
+    for planned in the_plan.replicated():
+        cached = None if options.force else find_cached(project, planned, run_dir.run_id)
+        if cached is None:
+            to_run.append(planned)
+            continue
+        reused = replace(cached, reused=True)
+        write_execution(run_dir.execution_dir(planned.id) / "execution.json", reused)
+        done[planned.id] = reused
+    total = len(the_plan.replicated())
+    say(f"run {run_dir.run_id}: {len(the_plan.needs)} hypotheses, {len(the_plan.executions)} probe executions x "
+        f"{'/'.join(str(n) for n in sorted(set(the_plan.replicates.values())))} replicates "
+        f"({len(to_run)} to execute, {total - len(to_run)} reused){' [quick]' if options.quick else ''}")
+    for x in the_plan.replicated():
+        if x.id in done:
+            say(f"[reused]  {x.label()} [replicate {x.replicate}]  from run {done[x.id].run_id} ({done[x.id].wall_s:.1f} s there)")
+    if not to_run:
+        return
+    kernel_dir = executor.ensure_kernelspec(run_dir.path / "jupyter")
+    started = 0
+    for r in sorted({x.replicate for x in to_run}):
+        batch = [x for x in to_run if x.replicate == r]
+        random.Random(r).shuffle(batch)
+        _in_pool(project, run_dir, the_plan, options, batch, say, done, kernel_dir=kernel_dir, first=started,
+                 total=len(to_run))
+        started += len(batch)
+    retry = [x for x in to_run if done[x.id].unfit] if options.retry_unfit else []
+    if retry:
+        say(f"re-running {len(retry)} replicates measured while the machine was busy")
+        again: dict[str, Execution] = {}
+        _in_pool(project, run_dir, the_plan, options, retry, say, again, kernel_dir=kernel_dir, first=0, total=len(retry))
+        for x in retry:
+            if not again[x.id].unfit or again[x.id].status != "ok":
+                done[x.id] = again[x.id]
 
 
 # ---------------------------------------------------------------- judge
@@ -261,9 +301,13 @@ def execute(project: Project, run_dir: RunDir, the_plan: Plan, options: RunOptio
 def judge_all(hypotheses: list[Hypothesis], the_plan: Plan, done: dict[str, Execution]) -> list[Judged]:
     out = []
     for h in hypotheses:
-        executions = tuple(done[k] for k in the_plan.needs[h.id])
+        executions = tuple(done[x.id] for x in the_plan.replicated() if x.key in the_plan.needs[h.id])
         sweep = h.probe.sweep
-        points = effective_points([x for x in executions if x.status == "ok"], sweep.param if sweep else None)
+        usable = [x for x in executions if x.status == "ok" and not x.unfit]
+        try:
+            points = effective_points(usable, sweep.param if sweep else None)
+        except UserError:
+            points = []  # the judgement says why (a unit mismatch is an error verdict)
         out.append(Judged(hypothesis=h, judgement=judge(h, list(executions)), executions=executions,
                           points=tuple(points)))
     return out
@@ -274,16 +318,17 @@ def _summaries(judged: Judged) -> tuple[MetricSummary, ...]:
     names = set(judged.hypothesis.expect.summarized())
     out = []
     for point in judged.points:
-        record = point.record
-        if record.name not in names:
+        if point.name not in names:
             continue
-        values = list(record.samples)
-        mean = low = high = std = None
+        values = point.samples()
+        mean = low = high = std = between = None
         if values and stats.is_clean(values):
-            est = stats.mean_interval(values)
+            est = stats.mean_estimate(point.replicates)
             mean, low, high, std = est.value, est.low, est.high, stats.summarize(values).std
-        out.append(MetricSummary(name=record.name, unit=record.unit, at=point.at or None, n=len(values), mean=mean,
-                                 low=low, high=high, std=std, note=record.note))
+            between = stats.between_share(point.replicates)
+        out.append(MetricSummary(name=point.name, unit=point.unit, at=point.at or None, n=len(values), mean=mean,
+                                 low=low, high=high, std=std, note=point.note, replicates=len(point.replicates),
+                                 between=between))
     return tuple(sorted(out, key=lambda m: (m.name, json.dumps(m.at, sort_keys=True, default=str))))
 
 
@@ -331,6 +376,7 @@ def run(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     force: bool = False,
     profile: str | None = None,
+    replicates: int | None = None,
     command: str = "",
     out: Callable[[str], None] = print,
 ) -> RunReport:
@@ -339,7 +385,7 @@ def run(
     if bool(ids) == bool(all_hypotheses):
         raise UserError("name the hypotheses to run, or pass --all (not both)")
     options = RunOptions(quick=quick, jobs=jobs, overrides=dict(overrides or {}), timeout_s=timeout_s, force=force,
-                         profile=profile, command=command or " ".join(sys.argv))
+                         profile=profile, command=command or " ".join(sys.argv), replicates=replicates)
     options.check()
     hypotheses = load_hypotheses(project, ids or None)
     if not hypotheses:
@@ -347,7 +393,7 @@ def run(
     say = _Printer(out)
     source_hash = source_tree_hash()
     the_plan = plan(project, hypotheses, quick=quick, overrides=options.overrides, source_hash=source_hash,
-                    profile=profile, note=say)
+                    profile=profile, replicates=options.replicates_default(), note=say)
     run_dir = new_run_dir(project)
     manifest = _manifest(project, run_dir, hypotheses, options, source_hash)
     _write_manifest(run_dir, manifest)
@@ -368,7 +414,7 @@ def run(
         if manifest["status"] != "finished":
             manifest["status"] = "interrupted"
         timings["total_s"] = round(time.monotonic() - started, 3)
-        manifest["executions"] = [done[x.key].to_json(with_records=False) for x in the_plan.executions if x.key in done]
+        manifest["executions"] = [done[x.id].to_json(with_records=False) for x in the_plan.replicated() if x.id in done]
         manifest["timings"] = timings
         _write_manifest(run_dir, manifest)
     wall = time.monotonic() - started

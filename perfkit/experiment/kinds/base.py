@@ -106,9 +106,13 @@ def matches(at: dict[str, Any], selector: dict[str, Any] | None) -> bool:
 
 
 def candidates(points: list[Point], name: str, selector: dict | None) -> list[Point]:
-    found = [p for p in points if p.record.name == name and matches(p.at, selector)]
+    found = [p for p in points if p.name == name and matches(p.at, selector)]
+    for p in found:
+        if p.duplicated:
+            raise Inconclusive(f"{name} was recorded {p.records} times at {p.where()} in {len(p.replicates)} entries; "
+                               "record it once per point (or give each record its own `at`)")
     if not found:
-        names = sorted({p.record.name for p in points})
+        names = sorted({p.name for p in points})
         where = f" at {', '.join(f'{k}={v}' for k, v in selector.items())}" if selector else ""
         recorded = f" (it recorded: {', '.join(names)})" if names else ""
         raise Inconclusive(f"probe recorded no samples for {name}{where}{recorded}")
@@ -125,7 +129,7 @@ def one(points: list[Point], name: str, selector: dict | None) -> Point:
 
 def same_point(points: list[Point], name: str, at: dict[str, Any]) -> Point:
     """The record of `name` measured where another record was (same `at`)."""
-    found = [p for p in points if p.record.name == name and p.at == at]
+    found = [p for p in points if p.name == name and p.at == at]
     if len(found) != 1:
         where = ", ".join(f"{k}={v}" for k, v in sorted(at.items())) or "the same point"
         if not found:
@@ -134,25 +138,27 @@ def same_point(points: list[Point], name: str, at: dict[str, Any]) -> Point:
     return found[0]
 
 
-def samples(point: Point, unit: str | None, min_samples: int) -> list[float]:
-    """A record's samples in `unit`, or why they cannot be judged."""
-    record = point.record
-    if not record.samples:
-        raise Inconclusive(f"probe recorded no samples for {record.name}")
-    bad = sum(1 for s in record.samples if not math.isfinite(s))
+def samples(point: Point, unit: str | None, min_samples: int) -> list[list[float]]:
+    """A point's samples per replicate, in `unit`, or why they cannot be judged."""
+    every = point.samples()
+    if not every:
+        raise Inconclusive(f"probe recorded no samples for {point.name}")
+    bad = sum(1 for s in every if not math.isfinite(s))
     if bad:
-        raise Inconclusive(f"{bad} of {len(record.samples)} samples of {record.name} are NaN or infinite")
-    if len(record.samples) < min_samples:
+        raise Inconclusive(f"{bad} of {len(every)} samples of {point.name} are NaN or infinite")
+    fewest = min(len(r) for r in point.replicates)
+    if fewest < min_samples:
+        per = "" if len(point.replicates) == 1 else " in a replicate"
         raise Inconclusive(
-            f"{record.name} has {len(record.samples)} samples, fewer than the {min_samples} needed "
+            f"{point.name} has {fewest} samples{per}, fewer than the {min_samples} needed "
             "(raise the probe's repetitions or lower expect.min_samples)"
         )
-    return units.convert(list(record.samples), record.unit, unit) if unit else list(record.samples)
+    return [units.convert(list(r), point.unit, unit) if unit else list(r) for r in point.replicates]
 
 
-def warnings_for(labelled: list[tuple[str, list[float]]]) -> tuple[str, ...]:
-    """Instability warnings of each labelled set of samples, prefixed with its label."""
-    return tuple(f"{label}: {w}" for label, values in labelled for w in stats.warnings([values]))
+def warnings_for(labelled: list[tuple[str, list[list[float]]]]) -> tuple[str, ...]:
+    """What could make each labelled set of replicates mislead, prefixed with its label."""
+    return tuple(f"{label}: {w}" for label, replicates in labelled for w in stats.warnings(replicates))
 
 
 # ---------------------------------------------------------------- comparing

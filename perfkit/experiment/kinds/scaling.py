@@ -57,10 +57,13 @@ class Scaling(Expect):
         if len(xs) < 2:
             raise Inconclusive(f"a scaling exponent needs at least two values of {self.over}; the probe recorded {len(xs)}")
         found = sorted(found, key=lambda p: p.at[self.over])
-        unit = found[0].record.unit
+        unit = found[0].unit
         per_point = [samples(p, unit, self.min_samples) for p in found]
+        if len({len(r) for r in per_point}) != 1:
+            raise Inconclusive(f"the points of {self.metric} come from different numbers of replicates; "
+                               "each replicate must measure every point")
         try:
-            est = stats.slope_interval([float(p.at[self.over]) for p in found], per_point)
+            est = stats.slope_estimate([float(p.at[self.over]) for p in found], per_point)
         except ValueError as exc:
             raise Inconclusive(f"cannot fit an exponent: {exc}") from None
         verdict, why = bounds(est.low, est.high, at_least=self.exponent - self.tolerance,
@@ -82,12 +85,12 @@ class Scaling(Expect):
         ax = fig.add_axes((0.13, 0.16, 0.55, 0.62))
         xs, means, lows, highs = [], [], [], []
         for p in judgement.used:
-            est = stats.mean_interval(list(p.record.samples))
+            est = stats.mean_estimate(p.replicates)
             xs.append(float(p.at[self.over]))
             means.append(est.value)
             lows.append(est.value - est.low)
             highs.append(est.high - est.value)
-        unit = judgement.used[0].record.unit
+        unit = judgement.used[0].unit
         ax.errorbar(xs, means, yerr=[lows, highs], fmt="o", color="#37474f", capsize=3, label="measured (95%)")
         ax.set_xscale("log")
         ax.set_yscale("log")

@@ -71,11 +71,11 @@ class Share(Expect):
         part = one(points, self.metric, self.at)
         whole = same_point(points, self.of, part.at)
         part_samples = samples(part, None, self.min_samples)
-        whole_samples = samples(whole, part.record.unit, self.min_samples)
-        paired = (part.record.breakdown is not None and part.record.breakdown == whole.record.breakdown
-                  and len(part_samples) == len(whole_samples))
+        whole_samples = samples(whole, part.unit, self.min_samples)
+        paired = (part.breakdown is not None and part.breakdown == whole.breakdown
+                  and [len(r) for r in part_samples] == [len(r) for r in whole_samples])
         try:
-            est = stats.ratio_interval(part_samples, whole_samples, paired=paired)
+            est = stats.ratio_estimate(part_samples, whole_samples, paired=paired, log=False)
         except ValueError as exc:
             raise Inconclusive(f"cannot compute {self.metric} / {self.of}: {exc}") from None
         verdict, why = compare(est.low, est.high, at_least=self.at_least, at_most=self.at_most)
@@ -85,25 +85,24 @@ class Share(Expect):
             expected=self.expected(),
             measured=Measured(label="share", unit="%", value=est.value * 100, low=est.low * 100, high=est.high * 100),
             off_by=off_range(est.value, self.at_least, self.at_most, _pct, "share"),
-            warnings=warnings_for([(part.record.name, part_samples), (whole.record.name, whole_samples)]),
+            warnings=warnings_for([(part.name, part_samples), (whole.name, whole_samples)]),
             used=(part, whole),
         )
 
     def _parts(self, judgement: Judgement, points: list[Point]) -> list[tuple[str, float]]:
         """(name, mean) of each part of the whole, in phase order."""
         part = judgement.used[0]
-        if part.record.breakdown is None:
+        if part.breakdown is None:
             whole = judgement.used[1]
-            part_mean = sum(part.record.samples) / len(part.record.samples)
-            scale = units.factor(whole.record.unit, part.record.unit)
-            whole_mean = sum(whole.record.samples) / len(whole.record.samples) * scale
-            return [(part.record.name, part_mean), (f"rest of {whole.record.name}", max(whole_mean - part_mean, 0.0))]
-        same = {p.record.name: p.record for p in points if p.at == part.at and p.record.breakdown == part.record.breakdown}
+            part_mean = stats.mean_estimate(part.replicates).value
+            whole_mean = stats.mean_estimate(whole.replicates).value * units.factor(whole.unit, part.unit)
+            return [(part.name, part_mean), (f"rest of {whole.name}", max(whole_mean - part_mean, 0.0))]
+        same = {p.name: p for p in points if p.at == part.at and p.breakdown == part.breakdown}
         out = []
         for name in BREAKDOWN:
-            if name in same and same[name].samples:
-                values = units.convert(list(same[name].samples), same[name].unit, part.record.unit)
-                out.append((name, sum(values) / len(values)))
+            if name in same and same[name].samples():
+                mean = stats.mean_estimate(same[name].replicates).value
+                out.append((name, mean * units.factor(same[name].unit, part.unit)))
         return out
 
     def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
@@ -125,7 +124,7 @@ class Share(Expect):
                 ax.text(bound, 0.55, f" claimed {'≥' if style == '--' else '≤'} {bound:.0%}", fontsize=7, color=color)
         ax.set_xlim(0, 1)
         ax.set_yticks([])
-        unit = judgement.used[0].record.unit
+        unit = judgement.used[0].unit
         of = self.of if self.of != STEP else "step"
         ax.set_xlabel(f"share of {of} (mean {units.format_quantity(total, unit)}); claimed part: {self.metric}")
         ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4, frameon=False)

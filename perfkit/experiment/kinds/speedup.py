@@ -41,7 +41,7 @@ class Speedup(Expect):
     def judge(self, points: list[Point]) -> Judgement:
         base = one(points, self.baseline, self.at)
         cand = one(points, self.candidate, self.at)
-        unit = base.record.unit
+        unit = base.unit
         dim = units.dimension(unit)
         base_samples = samples(base, None, self.min_samples)
         cand_samples = samples(cand, unit, self.min_samples)
@@ -51,8 +51,10 @@ class Speedup(Expect):
             num, den = cand_samples, base_samples
         else:
             raise UserError(f"a speedup compares times or rates; {self.baseline} is in {unit}")
+        if len(num) != len(den):
+            raise Inconclusive(f"{self.baseline} and {self.candidate} come from different numbers of replicates")
         try:
-            est = stats.ratio_interval(num, den, paired=False)
+            est = stats.ratio_estimate(num, den, paired=False)
         except ValueError as exc:
             raise Inconclusive(f"cannot compute the speedup: {exc}") from None
         verdict, why = bounds(est.low, est.high, at_least=self.at_least, at_most=self.at_most)
@@ -62,18 +64,18 @@ class Speedup(Expect):
             expected=self.expected(),
             measured=Measured(label="speedup", unit="x", value=est.value, low=est.low, high=est.high),
             off_by=off_range(est.value, self.at_least, self.at_most, units.format_factor, "speedup"),
-            warnings=warnings_for([(base.record.name, base_samples), (cand.record.name, cand_samples)]),
+            warnings=warnings_for([(base.name, base_samples), (cand.name, cand_samples)]),
             used=(base, cand),
         )
 
     def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
         ax = fig.add_axes((0.25, 0.2, 0.5, 0.55))
         base, cand = judgement.used
-        unit = base.record.unit
+        unit = base.unit
         names, values, errs = [], [], [[], []]
         for p in (base, cand):
-            est = stats.mean_interval(units.convert(list(p.record.samples), p.record.unit, unit))
-            names.append(p.record.name)
+            est = stats.mean_estimate([units.convert(list(r), p.unit, unit) for r in p.replicates])
+            names.append(p.name)
             values.append(est.value)
             errs[0].append(est.value - est.low)
             errs[1].append(est.high - est.value)

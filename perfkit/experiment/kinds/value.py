@@ -61,8 +61,8 @@ class _Value(Expect):
         if self.floor is None:
             return None
         point = one(points, self.floor, self.at)
-        values = samples(point, self.unit, 1)
-        return Floor(metric=self.floor, value=sum(values) / len(values), unit=self.unit, note=point.record.note)
+        values = [s for r in samples(point, self.unit, 1) for s in r]
+        return Floor(metric=self.floor, value=sum(values) / len(values), unit=self.unit, note=point.note)
 
     def _edges(self, reference: float) -> tuple[float | None, float | None]:
         raise NotImplementedError
@@ -70,7 +70,7 @@ class _Value(Expect):
     def judge(self, points: list[Point]) -> Judgement:
         point = one(points, self.metric, self.at)
         values = samples(point, self.unit, self.min_samples)
-        est = stats.mean_interval(values)
+        est = stats.mean_estimate(values)
         floor = self._floor(points)
         reference, _ = self._reference(floor)
         low_edge, high_edge = self._edges(reference)
@@ -96,7 +96,7 @@ class _Value(Expect):
     def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
         m, used = judgement.measured, judgement.used[0]
         ax = fig.add_axes((0.08, 0.2, 0.88, 0.5))
-        values = units.convert(list(used.record.samples), used.record.unit, self.unit)
+        values = units.convert(used.samples(), used.unit, self.unit)
         ax.plot(values, [0.0] * len(values), "|", color="#90a4ae", markersize=14, label="samples")
         ax.errorbar([m.value], [0.0], xerr=[[m.value - m.low], [m.high - m.value]], fmt="o",
                     color=plots.COLORS[judgement.verdict], capsize=6, label="mean, 95% interval")
