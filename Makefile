@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all lab bench validate ledger clean-venv
+.PHONY: run test lint format lab bench validate ledger clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,11 +16,16 @@ $(STAMP): pyproject.toml
 run: $(STAMP)  ## every shipped hypothesis in quick mode; writes runs/<id>/ and hypotheses/LEDGER.md
 	$(BIN)/perfkit run --all --quick
 
-test: $(STAMP)  ## the test suite (slow tests excluded; see `make test-all`)
+test: $(STAMP) lint  ## lint, then the test suite
 	$(BIN)/python -m pytest -q
 
-test-all: $(STAMP)
-	$(BIN)/python -m pytest -q -m ''
+lint: $(STAMP)  ## ruff: formatting and lint rules (pyproject.toml); `make format` applies the formatting
+	$(BIN)/ruff format --check --quiet perfkit tests
+	$(BIN)/ruff check --quiet perfkit tests
+
+format: $(STAMP)
+	$(BIN)/ruff format --quiet perfkit tests
+	$(BIN)/ruff check --quiet --fix perfkit tests
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/

@@ -25,7 +25,9 @@ _DELEGATED = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="perfkit", description="Performance hypotheses, probes, verdicts and a ledger.")
+    parser = argparse.ArgumentParser(
+        prog="perfkit", description="Performance hypotheses, probes, verdicts and a ledger."
+    )
     parser.add_argument("--root", help="project directory (default: $PERFKIT_ROOT or the nearest one above cwd)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -38,12 +40,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--quick", action="store_true", help="use each probe's quick parameters")
     run.add_argument("--jobs", type=int, default=1, help="probe executions at a time (default 1)")
     run.add_argument("--param", action="append", default=[], metavar="K=V", help="override a probe parameter")
-    run.add_argument("--timeout", type=float, default=None, metavar="S", help="wall-clock limit per probe execution (default 600 s)")
+    run.add_argument(
+        "--timeout", type=float, default=None, metavar="S", help="wall-clock limit per probe execution (default 600 s)"
+    )
     run.add_argument("--force", action="store_true", help="re-execute probes even when a cached execution exists")
     run.add_argument("--profile", choices=["torch"], help="capture a torch.profiler trace of each probe execution")
-    run.add_argument("--replicates", type=int, default=None, metavar="R",
-                     help="independent kernel processes per probe execution (default 3 with --quick, else 5; "
-                          "a record's probe.replicates can ask for more)")
+    run.add_argument(
+        "--replicates",
+        type=int,
+        default=None,
+        metavar="R",
+        help="independent kernel processes per probe execution (default 3 with --quick, else 5; "
+        "a record's probe.replicates can ask for more)",
+    )
 
     led = sub.add_parser("ledger", help="regenerate hypotheses/LEDGER.md from the stored results")
     led.add_argument("--check", action="store_true", help="exit 1 when the ledger or a verdict is out of date")
@@ -70,7 +79,7 @@ def _delegated(argv: list[str]) -> tuple[str, list[str]] | None:
         elif word.startswith("--root="):
             i += 1
         else:
-            return (word, argv[i + 1:]) if word in _DELEGATED else None
+            return (word, argv[i + 1 :]) if word in _DELEGATED else None
     return None
 
 
@@ -96,10 +105,17 @@ def _main(argv: list[str]) -> int:
         from perfkit.experiment import runner
 
         report = runner.run(
-            project, ids=args.ids, all_hypotheses=args.all, quick=args.quick, jobs=args.jobs,
+            project,
+            ids=args.ids,
+            all_hypotheses=args.all,
+            quick=args.quick,
+            jobs=args.jobs,
             overrides=runner.parse_overrides(args.param),
             timeout_s=args.timeout if args.timeout is not None else runner.DEFAULT_TIMEOUT_S,
-            force=args.force, profile=args.profile, replicates=args.replicates, command="perfkit " + shlex.join(argv),
+            force=args.force,
+            profile=args.profile,
+            replicates=args.replicates,
+            command="perfkit " + shlex.join(argv),
         )
         return report.exit_code
     if args.command == "ledger":
@@ -126,7 +142,10 @@ def _main(argv: list[str]) -> int:
     if args.command == "new":
         from perfkit.experiment.scaffold import new_probe
 
-        print(f"wrote {new_probe(project, args.name)}: open it with `make lab`, replace work(), then name it in a hypothesis")
+        print(
+            f"wrote {new_probe(project, args.name)}: open it with "
+            "`make lab`, replace work(), then name it in a hypothesis"
+        )
         return 0
     raise AssertionError(f"unhandled command {args.command}")
 

@@ -12,8 +12,9 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from perfkit.errors import RecordError
 
@@ -147,12 +148,14 @@ class Reader:
     def choice(self, key: str, choices: tuple[str, ...]) -> str:
         value = self.get(key, str)
         if value not in choices:
-            raise RecordError(f"expected one of {', '.join(choices)}, got {value!r}", path=self.path, field=self.field(key))
+            raise RecordError(
+                f"expected one of {', '.join(choices)}, got {value!r}", path=self.path, field=self.field(key)
+            )
         return value
 
-    def child(self, key: str, *, optional: bool = False) -> "Reader | None":
+    def child(self, key: str, *, optional: bool = False) -> Reader | None:
         value = self.get(key, dict, optional=optional)
         return None if value is None else Reader(value, self.path, self.field(key))
 
-    def children(self, key: str) -> list["Reader"]:
+    def children(self, key: str) -> list[Reader]:
         return [Reader(item, self.path, f"{self.field(key)}[{i}]") for i, item in enumerate(self.get(key, list))]

@@ -80,7 +80,9 @@ def git_state(directory: Path) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the git checkout holding `directory`; (None, None) outside one or without git."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True, timeout=20)
-        status = subprocess.run(["git", "status", "--porcelain"], cwd=directory, capture_output=True, text=True, timeout=20)
+        status = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=directory, capture_output=True, text=True, timeout=20
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None, None
     if commit.returncode != 0:

@@ -89,8 +89,10 @@ def _betacf(a: float, b: float, x: float) -> float:
     d = 1.0 / (d if abs(d) > tiny else tiny)
     h = d
     for m in range(1, 300):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1.0 + numerator * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + numerator / c
@@ -148,7 +150,9 @@ def _batches(n: int) -> list[slice]:
     return [slice(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
 
 
-def interval(units: Sequence[float], *, confidence: float = CONFIDENCE, log: bool = False) -> tuple[float, float, float]:
+def interval(
+    units: Sequence[float], *, confidence: float = CONFIDENCE, log: bool = False
+) -> tuple[float, float, float]:
     """(estimate, low, high): a t-interval on independent unit estimates (replicates or batches).
 
     `log` pools on the log scale (for ratios); one unit gives an infinite interval.
@@ -167,7 +171,11 @@ def interval(units: Sequence[float], *, confidence: float = CONFIDENCE, log: boo
         half = t_quantile(0.5 + confidence / 2.0, data.size - 1) * float(data.std(ddof=1)) / math.sqrt(data.size)
     low, high = centre - half, centre + half
     if log:
-        return math.exp(centre), math.exp(low) if math.isfinite(low) else 0.0, math.exp(high) if math.isfinite(high) else math.inf
+        return (
+            math.exp(centre),
+            math.exp(low) if math.isfinite(low) else 0.0,
+            math.exp(high) if math.isfinite(high) else math.inf,
+        )
     return centre, low, high
 
 
@@ -179,11 +187,13 @@ def _replicates(replicates: Replicates) -> list[np.ndarray]:
     return out
 
 
-def _estimate(units: list[float], replicates: int, samples: list[np.ndarray], *, confidence: float,
-              log: bool) -> Estimate:
+def _estimate(
+    units: list[float], replicates: int, samples: list[np.ndarray], *, confidence: float, log: bool
+) -> Estimate:
     value, low, high = interval(units, confidence=confidence, log=log)
-    return Estimate(value=value, low=low, high=high, replicates=replicates, units=len(units),
-                    n=int(sum(r.size for r in samples)))
+    return Estimate(
+        value=value, low=low, high=high, replicates=replicates, units=len(units), n=int(sum(r.size for r in samples))
+    )
 
 
 def mean_estimate(replicates: Replicates, *, confidence: float = CONFIDENCE) -> Estimate:
@@ -236,8 +246,9 @@ def ratio_estimate(
     return _estimate(units, len(num), num + den, confidence=confidence, log=log)
 
 
-def ratio_interval(numerator: Sequence[float], denominator: Sequence[float], *, paired: bool,
-                   confidence: float = CONFIDENCE) -> Estimate:
+def ratio_interval(
+    numerator: Sequence[float], denominator: Sequence[float], *, paired: bool, confidence: float = CONFIDENCE
+) -> Estimate:
     """A speedup-like ratio of one process's two arms (log-pooled batch means)."""
     return ratio_estimate([numerator], [denominator], paired=paired, confidence=confidence)
 
@@ -274,7 +285,9 @@ def slope_estimate(xs: Sequence[float], points: Sequence[Replicates], *, confide
     return _estimate(units, replicates, [r for p in per_point for r in p], confidence=confidence, log=False)
 
 
-def slope_interval(xs: Sequence[float], samples: Sequence[Sequence[float]], *, confidence: float = CONFIDENCE) -> Estimate:
+def slope_interval(
+    xs: Sequence[float], samples: Sequence[Sequence[float]], *, confidence: float = CONFIDENCE
+) -> Estimate:
     """The exponent from one process's samples at each x."""
     return slope_estimate(xs, [[s] for s in samples], confidence=confidence)
 
@@ -333,6 +346,8 @@ def warnings(replicates: Replicates) -> list[str]:
         return out
     share = between_share(reps)
     if share is not None and share >= BETWEEN_DOMINATES:
-        out.append(f"between-process spread dominates ({share:.0%} of the variance): more processes, "
-                   "not more samples, narrow this interval")
+        out.append(
+            f"between-process spread dominates ({share:.0%} of the variance): more processes, "
+            "not more samples, narrow this interval"
+        )
     return out

@@ -22,7 +22,7 @@ class Util:
 
 
 def make(*, driver: bool = True, unsupported: tuple[str, ...] = ()) -> types.ModuleType:
-    """A fake pynvml module. ``unsupported``: functions that raise NVMLError (not supported)."""
+    """A fake pynvml module. `unsupported`: functions that raise NVMLError (not supported)."""
     m = types.ModuleType("pynvml")
     m.NVMLError = NVMLError
     m.NVML_CLOCK_SM = 1

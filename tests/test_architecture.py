@@ -68,7 +68,9 @@ def imports_of(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             if base != "perfkit" and not base.startswith("perfkit."):
                 continue
             for alias in node.names:
@@ -160,4 +162,39 @@ def test_function_level_and_submodule_imports_are_seen():
     imports = imports_of(PACKAGE / "experiment" / "runner.py")
     assert "perfkit.experiment.execute" in imports  # `from perfkit.experiment import execute as executor`
     assert "perfkit.machine.utilization" in imports
-    assert "perfkit.experiment.hypothesis" not in imports_of(PACKAGE / "experiment" / "verdict.py")  # TYPE_CHECKING only
+    assert "perfkit.experiment.hypothesis" not in imports_of(
+        PACKAGE / "experiment" / "verdict.py"
+    )  # TYPE_CHECKING only
+
+
+def test_every_shipped_probe_imports_what_exists():
+    """Notebooks are code outside the package: a moved module must not break them silently."""
+    import importlib
+    import json
+
+    notebooks = sorted((PACKAGE.parent / "notebooks").glob("*.ipynb"))
+    assert notebooks
+    problems = []
+    for path in notebooks:
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        source = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("perfkit"):
+                module = importlib.import_module(node.module)
+                problems += [
+                    f"{path.name}: from {node.module} import {a.name}"
+                    for a in node.names
+                    if not hasattr(module, a.name) and not _is_module(f"{node.module}.{a.name}")
+                ]
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("perfkit") and not _is_module(a.name):
+                        problems.append(f"{path.name}: import {a.name}")
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "perfkit"
+                and not hasattr(importlib.import_module("perfkit"), node.attr)
+            ):
+                problems.append(f"{path.name}: perfkit.{node.attr}")
+    assert problems == []

@@ -77,12 +77,26 @@ def test_rate_rejects_bad_samples():
 def _fake_measurement(value: float = 20e9) -> bandwidth.Measurement:
     inputs = bandwidth.fingerprint_inputs()
     rates = tuple(
-        bandwidth.Rate(k, "cpu", "B/s" if k != "matmul" else "FLOP/s", value, value * 0.95, value * 1.05, value,
-                       (value * 0.95, value * 1.05), 64 * MIB)
+        bandwidth.Rate(
+            k,
+            "cpu",
+            "B/s" if k != "matmul" else "FLOP/s",
+            value,
+            value * 0.95,
+            value * 1.05,
+            value,
+            (value * 0.95, value * 1.05),
+            64 * MIB,
+        )
         for k in ("copy", "triad", "matmul")
     )
-    return bandwidth.Measurement(fingerprint=bandwidth.fingerprint(inputs), machine=inputs,
-                                 measured_at="2025-01-01T00:00:00+00:00", seconds=0.5, rates=rates)
+    return bandwidth.Measurement(
+        fingerprint=bandwidth.fingerprint(inputs),
+        machine=inputs,
+        measured_at="2025-01-01T00:00:00+00:00",
+        seconds=0.5,
+        rates=rates,
+    )
 
 
 def test_second_call_reuses_the_cache_and_refresh_remeasures(cache, monkeypatch):
@@ -126,11 +140,14 @@ def test_corrupt_cache_is_a_user_error_naming_the_file(cache):
     assert str(path) in str(err.value)
 
 
-@pytest.mark.parametrize("old", [
-    {"format": 1, "figures": []},  # the first format spelled its version key `format`
-    {VERSION_KEY: 1},
-    {VERSION_KEY: bandwidth.FORMAT_VERSION + 1},  # a newer perfkit's
-])
+@pytest.mark.parametrize(
+    "old",
+    [
+        {"format": 1, "figures": []},  # the first format spelled its version key `format`
+        {VERSION_KEY: 1},
+        {VERSION_KEY: bandwidth.FORMAT_VERSION + 1},  # a newer perfkit's
+    ],
+)
 def test_cache_from_another_format_version_is_remeasured(cache, monkeypatch, old):
     path = bandwidth.cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)

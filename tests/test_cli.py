@@ -6,15 +6,17 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from perfkit.experiment import runner
 from perfkit.cli import main
+from perfkit.experiment import runner
 from perfkit.experiment.execute import ensure_kernelspec
 
 FIXTURE_NOTEBOOK = Path(__file__).parent / "fixtures" / "project" / "notebooks" / "fixture_probe.ipynb"
 
 
-@pytest.mark.parametrize("command, module", [("engine", "perfkit.engine.cli"), ("env", "perfkit.machine.snapshot"),
-                                             ("gpu-check", "perfkit.machine.gpucheck")])
+@pytest.mark.parametrize(
+    "command, module",
+    [("engine", "perfkit.engine.cli"), ("env", "perfkit.machine.snapshot"), ("gpu-check", "perfkit.machine.gpucheck")],
+)
 def test_delegated_commands_get_their_arguments_untouched(monkeypatch, command, module):
     seen = []
     fake = types.ModuleType(module)
@@ -33,7 +35,11 @@ def test_user_errors_print_without_traceback(tmp_path, capsys):
 
 def test_overrides_are_read_as_yaml():
     assert runner.parse_overrides(["ctx=4096", "scale=0.5", "name=abc", "flag=true"]) == {
-        "ctx": 4096, "scale": 0.5, "name": "abc", "flag": True}
+        "ctx": 4096,
+        "scale": 0.5,
+        "name": "abc",
+        "flag": True,
+    }
     with pytest.raises(Exception, match="NAME=VALUE"):
         runner.parse_overrides(["ctx"])
 
@@ -49,7 +55,10 @@ def test_profile_cells_are_injected_after_parameters_and_at_the_end(tmp_path):
     nb = nbformat.read(str(out), as_version=4)
     tags = [c.metadata.get("tags", []) for c in nb.cells]
     index = next(i for i, t in enumerate(tags) if "parameters" in t)
-    assert tags[index + 1] == [runner.INJECTED_TAG] and "perfkit.probe.profiler.start('/x/torch_trace.json')" in nb.cells[index + 1].source
+    assert (
+        tags[index + 1] == [runner.INJECTED_TAG]
+        and "perfkit.probe.profiler.start('/x/torch_trace.json')" in nb.cells[index + 1].source
+    )
     assert tags[-1] == [runner.INJECTED_TAG] and nb.cells[-1].source == "perfkit.probe.profiler.stop()"
 
 

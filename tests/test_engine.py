@@ -13,7 +13,6 @@ from perfkit.probe.spans import capture
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-
 PROMPTS = [[5, 17, 99, 3, 42, 42, 7, 250, 11, 0, 64], [200, 1, 2], [9, 8, 7, 6, 5, 4, 3]]
 
 
@@ -49,8 +48,16 @@ def test_sampled_spec_is_lossless_over_every_option(tiny, batch):
     for budget in (1, 4, 23):
         for tree in ("heap", "vectorized"):
             for mask in ("naive", "compact"):
-                spec = tiny.generate(prompts, max_new_tokens=20, mode="spec", budget=budget, tree=tree, mask=mask,
-                                     temperature=1.0, seed=11)
+                spec = tiny.generate(
+                    prompts,
+                    max_new_tokens=20,
+                    mode="spec",
+                    budget=budget,
+                    tree=tree,
+                    mask=mask,
+                    temperature=1.0,
+                    seed=11,
+                )
                 assert spec.tokens == ar.tokens, (budget, tree, mask)
 
 

@@ -13,7 +13,6 @@ from perfkit.errors import UserError
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-
 def test_corpus_split_is_disjoint_and_deterministic():
     train, held = data.corpus_files()
     assert train and held
@@ -37,7 +36,12 @@ def test_encode_decode_and_prompts():
 
 
 def test_weights_roundtrip_without_pickle(tmp_path):
-    tensors = {"a": torch.randn(3, 4), "b": torch.randn(5).bfloat16(), "c": torch.arange(6).view(2, 3), "e": torch.zeros(0)}
+    tensors = {
+        "a": torch.randn(3, 4),
+        "b": torch.randn(5).bfloat16(),
+        "c": torch.arange(6).view(2, 3),
+        "e": torch.zeros(0),
+    }
     path = tmp_path / "w.safetensors"
     checkpoints.save_weights(path, tensors, config={"d_model": 4}, extra={"note": [1, 2]})
     raw = path.read_bytes()
@@ -88,7 +92,9 @@ def test_training_is_deterministic(tmp_path):
 
 
 def test_cli_bench_json(capsys):
-    rc = main(["bench", "--ctx", "300", "--gen", "6", "--batch", "2", "--budget", "8", "--preset", "tiny-random", "--json"])
+    rc = main(
+        ["bench", "--ctx", "300", "--gen", "6", "--batch", "2", "--budget", "8", "--preset", "tiny-random", "--json"]
+    )
     assert rc == 0
     record = json.loads(capsys.readouterr().out)
     assert record["format_version"] == bench.FORMAT_VERSION
@@ -108,7 +114,12 @@ def test_cli_bench_table_labels_the_approximate_fill(capsys):
 
 @pytest.mark.parametrize(
     "argv",
-    [["bench", "--ctx", "10"], ["bench", "--ctx", "0", "--gen", "1"], ["bench", "--ctx", "5", "--gen", "1", "--mode", "x"], ["nope"]],
+    [
+        ["bench", "--ctx", "10"],
+        ["bench", "--ctx", "0", "--gen", "1"],
+        ["bench", "--ctx", "5", "--gen", "1", "--mode", "x"],
+        ["nope"],
+    ],
 )
 def test_cli_usage_errors_exit_2(argv, capsys):
     assert main(argv) == 2
@@ -119,16 +130,33 @@ def test_benchmark_table_shows_every_figure():
     from perfkit.engine.benchmarks import format_benchmarks
 
     record = {
-        "quick": True, "device": "cpu", "threads": 1,
+        "quick": True,
+        "device": "cpu",
+        "threads": 1,
         "spec_vs_ar": {
-            "budget": 32, "heldout_prompts": 4, "heldout_gen": 64, "heldout_accept_len": 2.61, "ctx": 1024,
+            "budget": 32,
+            "heldout_prompts": 4,
+            "heldout_gen": 64,
+            "heldout_accept_len": 2.61,
+            "ctx": 1024,
             "heldout_accept_len_sampled": [{"temperature": 1.0, "accept_len": 1.9}],
             "ar_decode_tok_s": 500.0,
             "sweep": [{"budget": 8, "spec_decode_tok_s": 600.0, "accept_len": 2.2, "speedup": 1.2}],
             "best": {"budget": 8, "spec_decode_tok_s": 600.0, "accept_len": 2.2, "speedup": 1.2},
         },
-        "tree_build": [{"batch": 128, "budget": 64, "pairs": 12, "heap_ms": 8.0, "vectorized_ms": 2.0, "speedup": 4.0,
-                        "speedup_low": 3.5, "speedup_high": 4.4, "same_trees": True}],
+        "tree_build": [
+            {
+                "batch": 128,
+                "budget": 64,
+                "pairs": 12,
+                "heap_ms": 8.0,
+                "vectorized_ms": 2.0,
+                "speedup": 4.0,
+                "speedup_low": 3.5,
+                "speedup_high": 4.4,
+                "same_trees": True,
+            }
+        ],
         "verify_mask": [{"batch": 8, "ctx": 32768, "nodes": 32, "naive_ms": 6.0, "compact_ms": 0.08, "speedup": 75.0}],
     }
     text = format_benchmarks(record)
@@ -148,4 +176,6 @@ def test_tree_build_benchmark_runs_alone_and_checks_every_tree(capsys):
     for r in rows:
         assert r["same_trees"] is True
         assert r["speedup_low"] <= r["speedup"] <= r["speedup_high"]
-        assert r["speedup"] == pytest.approx(r["heap_ms"] / r["vectorized_ms"], rel=0.5)  # a ratio of means vs of medians
+        assert r["speedup"] == pytest.approx(
+            r["heap_ms"] / r["vectorized_ms"], rel=0.5
+        )  # a ratio of means vs of medians

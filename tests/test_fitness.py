@@ -11,7 +11,9 @@ def test_a_quiet_machine_is_fit_even_when_the_probe_is_busy():
 
 
 def test_another_process_on_a_core_makes_the_replicate_unfit():
-    why = fitness.unfit(trace([100, 100, 100, 100], [100, 100, 95, 100]))  # the probe on one core, a stranger on the other
+    why = fitness.unfit(
+        trace([100, 100, 100, 100], [100, 100, 95, 100])
+    )  # the probe on one core, a stranger on the other
     assert why.startswith("machine busy: 1.0 cores used by other processes")
 
 

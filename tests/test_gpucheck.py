@@ -108,8 +108,12 @@ def test_nvtx_check_with_cuda_absent_reports_it_and_spans_push_nothing(monkeypat
     pushed = []
     monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda msg: pushed.append(msg))
     result = gpucheck.nvtx_check(torch.cuda)
-    assert result == {"ok": False, "pushed": [], "popped": 0,
-                      "note": "CUDA absent: spans time with the host clock and emit no NVTX ranges"}
+    assert result == {
+        "ok": False,
+        "pushed": [],
+        "popped": 0,
+        "note": "CUDA absent: spans time with the host clock and emit no NVTX ranges",
+    }
     with spans.capture() as cap:
         with spans.span("draft"):
             pass
@@ -141,8 +145,9 @@ class _FakeCuda:
                 return (end.t - self.t) * 1e3
 
         self.Event = Event
-        self.nvtx = types.SimpleNamespace(range_push=lambda m: outer.log.append(("push", m)),
-                                          range_pop=lambda: outer.log.append(("pop",)))
+        self.nvtx = types.SimpleNamespace(
+            range_push=lambda m: outer.log.append(("push", m)), range_pop=lambda: outer.log.append(("pop",))
+        )
         self.initialised = False
 
     def is_available(self):
@@ -174,23 +179,73 @@ def test_nvtx_check_fails_when_spans_do_not_emit(monkeypatch):
 def _report():
     return {
         "meta": {"started_at": "2025-01-01T00:00:00+00:00", "seconds": 42.0},
-        "environment": {"value": {"nvidia_driver": "550.54.15", "gpus": [
-            {"index": 0, "name": "NVIDIA H200", "memory_total_bytes": 150 * 2**30, "peak_dram_bytes_per_s": 4.8e12}]}},
+        "environment": {
+            "value": {
+                "nvidia_driver": "550.54.15",
+                "gpus": [
+                    {
+                        "index": 0,
+                        "name": "NVIDIA H200",
+                        "memory_total_bytes": 150 * 2**30,
+                        "peak_dram_bytes_per_s": 4.8e12,
+                    }
+                ],
+            }
+        },
         "bandwidth": {"value": {"triad_bytes_per_s": 4.0e12, "peak_bytes_per_s": 4.8e12}},
-        "kernels": {"value": [{"kernel": "matmul 8192^2 bf16", "events_ms": 1.5, "wall_nosync_ms": 0.02,
-                               "wall_sync_ms": 1.55, "tflops": 733.0, "gbps": 268.0}]},
+        "kernels": {
+            "value": [
+                {
+                    "kernel": "matmul 8192^2 bf16",
+                    "events_ms": 1.5,
+                    "wall_nosync_ms": 0.02,
+                    "wall_sync_ms": 1.55,
+                    "tflops": 733.0,
+                    "gbps": 268.0,
+                }
+            ]
+        },
         "spans": {"value": {"span_mean_ms": 1.52, "events_ms": 1.5, "wall_nosync_ms": 0.02, "span_vs_events": 1.013}},
         "nvtx": {"value": {"ok": True, "note": "spans emit NVTX ranges: ..."}},
         "profiler": {"error": "RuntimeError: boom", "traceback": "Traceback ...\nRuntimeError: boom"},
-        "tree_build": {"value": [
-            {"batch": 1, "budget": 64, "heap_ms": 0.2, "vectorized_ms": 0.4, "speedup": 0.5, "speedup_low": 0.45,
-             "speedup_high": 0.55, "same_trees": True},
-            {"batch": 128, "budget": 64, "heap_ms": 9.0, "vectorized_ms": 0.45, "speedup": 20.0, "speedup_low": 18.0,
-             "speedup_high": 22.0, "same_trees": True},
-        ]},
-        "engine": {"value": [{"mode": "spec", "context": 4096, "decode_tok_s": 250.0, "spans_step_total_s": 0.25,
-                               "wall_s_synchronised": 0.26, "verify_forward_ms": 0.5, "verify_floor_ms": 0.01,
-                               "verify_floor_note": "memory-bound floor ..."}]},
+        "tree_build": {
+            "value": [
+                {
+                    "batch": 1,
+                    "budget": 64,
+                    "heap_ms": 0.2,
+                    "vectorized_ms": 0.4,
+                    "speedup": 0.5,
+                    "speedup_low": 0.45,
+                    "speedup_high": 0.55,
+                    "same_trees": True,
+                },
+                {
+                    "batch": 128,
+                    "budget": 64,
+                    "heap_ms": 9.0,
+                    "vectorized_ms": 0.45,
+                    "speedup": 20.0,
+                    "speedup_low": 18.0,
+                    "speedup_high": 22.0,
+                    "same_trees": True,
+                },
+            ]
+        },
+        "engine": {
+            "value": [
+                {
+                    "mode": "spec",
+                    "context": 4096,
+                    "decode_tok_s": 250.0,
+                    "spans_step_total_s": 0.25,
+                    "wall_s_synchronised": 0.26,
+                    "verify_forward_ms": 0.5,
+                    "verify_floor_ms": 0.01,
+                    "verify_floor_note": "memory-bound floor ...",
+                }
+            ]
+        },
     }
 
 
@@ -200,15 +255,19 @@ def test_findings_and_markdown_from_a_report():
     assert "measured device triad 4 TB/s = 83% of the NVML-derived peak 4.8 TB/s" in said
     assert any(s.startswith("perfkit spans agree with CUDA events: 1.52 ms vs 1.5 ms") for s in said)
     assert said[-1] == "FAILED sections: profiler (see their errors below)"
-    assert ("engine spec at 4096 context: 250 tok/s; spans' steps sum to 0.25 s of 0.26 s synchronised wall; "
-            "verify_forward 0.5 ms = 50x its floor (memory-bound floor ...)") in said
+    assert (
+        "engine spec at 4096 context: 250 tok/s; spans' steps sum to 0.25 s of 0.26 s synchronised wall; "
+        "verify_forward 0.5 ms = 50x its floor (memory-bound floor ...)"
+    ) in said
     md = gpucheck.render_markdown(report)
     assert md.startswith("# perfkit gpu-check (2025-01-01T00:00:00+00:00)")
     assert "- GPU 0: NVIDIA H200, driver 550.54.15, 150 GiB, peak DRAM 4.8 TB/s" in md
     assert "| matmul 8192^2 bf16 | 1.5 | 0.02 | 1.55 | 733 | 268 |" in md
     assert "FAILED: RuntimeError: boom" in md
-    assert ("tree build, batch 128, budget 64: vectorized 0.45 ms vs heapq 9 ms with its copy to the host: 20x "
-            "[18, 22], identical trees") in said
+    assert (
+        "tree build, batch 128, budget 64: vectorized 0.45 ms vs heapq 9 ms with its copy to the host: 20x "
+        "[18, 22], identical trees"
+    ) in said
     assert gpucheck.failed_sections(report) == ["profiler"]
     report["nvtx"]["value"]["ok"] = False
     assert gpucheck.failed_sections(report) == ["profiler", "nvtx"]
@@ -228,8 +287,9 @@ def test_engine_check_runs_the_engine_and_compares_verify_with_its_floor():
     from perfkit.machine.roofline import Hardware
 
     hardware = Hardware("test machine", 10e9, 50e9)
-    rows = gpucheck.engine_check(device="cpu", preset="tiny-random", context=128, new_tokens=8, budget=8,
-                                 hardware=hardware)
+    rows = gpucheck.engine_check(
+        device="cpu", preset="tiny-random", context=128, new_tokens=8, budget=8, hardware=hardware
+    )
     assert [r["mode"] for r in rows] == ["spec", "ar"]
     for r in rows:
         assert r["steps"] >= 1 and r["decode_tok_s"] > 0
@@ -259,14 +319,29 @@ def test_run_writes_the_report_and_a_failed_section_fails_the_command(tmp_path, 
         return bandwidth.Rate(kernel, device, unit, value, value * 0.99, value * 1.01, value, (value,), 1)
 
     measurement = bandwidth.Measurement(
-        fingerprint="f", machine={"gpus": ["NVIDIA H100 80GB HBM3"]}, measured_at="now", seconds=1.0,
-        rates=(rate("copy", "cuda:0", 2.9e12), rate("triad", "cuda:0", 3.0e12), rate("matmul", "cuda:0", 7e14)))
+        fingerprint="f",
+        machine={"gpus": ["NVIDIA H100 80GB HBM3"]},
+        measured_at="now",
+        seconds=1.0,
+        rates=(rate("copy", "cuda:0", 2.9e12), rate("triad", "cuda:0", 3.0e12), rate("matmul", "cuda:0", 7e14)),
+    )
     monkeypatch.setattr(bandwidth, "measured", lambda refresh=False: measurement)
-    kernels = [{"kernel": "matmul 8192^2 bf16", "events_ms": 1.5, "wall_nosync_ms": 0.02, "wall_sync_ms": 1.6,
-                "tflops": 733.0, "gbps": 268.0}]
+    kernels = [
+        {
+            "kernel": "matmul 8192^2 bf16",
+            "events_ms": 1.5,
+            "wall_nosync_ms": 0.02,
+            "wall_sync_ms": 1.6,
+            "tflops": 733.0,
+            "gbps": 268.0,
+        }
+    ]
     monkeypatch.setattr(gpucheck, "kernel_timings", lambda t: kernels)
-    monkeypatch.setattr(gpucheck, "span_check", lambda t: {"span_mean_ms": float("nan"), "events_ms": 1.5,
-                                                           "wall_nosync_ms": 0.02, "span_vs_events": 1.0})
+    monkeypatch.setattr(
+        gpucheck,
+        "span_check",
+        lambda t: {"span_mean_ms": float("nan"), "events_ms": 1.5, "wall_nosync_ms": 0.02, "span_vs_events": 1.0},
+    )
     monkeypatch.setattr(gpucheck, "nvtx_check", lambda cuda: {"ok": True, "note": "spans emit NVTX ranges"})
     monkeypatch.setattr(gpucheck, "profiler_check", lambda t, out: {"ok": True})
     monkeypatch.setattr(gpucheck, "tree_build_check", lambda: [])

@@ -60,7 +60,7 @@ def test_validate_exits_2_prints_every_error_and_writes_nothing(tmp_path, capsys
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     assert main(["--root", str(project.root), "validate"]) == 2
     err = capsys.readouterr().err
-    for name, (line, field, _) in MALFORMED.items():
+    for name, (line, _field, _) in MALFORMED.items():
         assert f"hypotheses/{name}.yaml:{line}: " in err
     assert "Traceback" not in err
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

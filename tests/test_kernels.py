@@ -11,9 +11,7 @@ from perfkit.kernels.tree_build import build_tree_heap, build_tree_vectorized, f
 from perfkit.kernels.verify_attention import attention_bias, dense_mask, mask_bias, verify_attention
 from perfkit.kernels.verify_mask import ancestors, causal_mask, prepare_for_verify_compact, prepare_for_verify_naive
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 
 FIELDS = ("ranks", "parents", "depths", "scores")

@@ -4,13 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from perfkit.experiment import ledger
-
-from perfkit.experiment import results
 from perfkit.cli import main
+from perfkit.experiment import ledger, results
 from perfkit.experiment.hypothesis import load_hypotheses
-from perfkit.paths import Project
 from perfkit.experiment.results import HypothesisResult, Measured, RunResults
+from perfkit.paths import Project
 
 FIXTURES = Path(__file__).parent / "fixtures" / "project"
 
@@ -26,15 +24,32 @@ def project(tmp_path) -> Project:
 
 def result(h, verdict, value, run_id) -> HypothesisResult:
     return HypothesisResult(
-        id=h.id, hash=h.hash, claim=h.claim, kind=h.expect.kind, expected="≈ 1 ms (×2)", verdict=verdict, reason=None,
+        id=h.id,
+        hash=h.hash,
+        claim=h.claim,
+        kind=h.expect.kind,
+        expected="≈ 1 ms (×2)",
+        verdict=verdict,
+        reason=None,
         measured=Measured(label="mean", unit="ms", value=value, low=value * 0.9, high=value * 1.1),
-        off_by=f"{value}x off", plot=f"plots/{h.id}.png",
+        off_by=f"{value}x off",
+        plot=f"plots/{h.id}.png",
     )
 
 
 def store(project, run_id, entries):
-    results.write_results(project, RunResults(run_id=run_id, created="2025-01-01T00:00:00Z", command="perfkit run",
-                                              quick=True, git_commit=None, git_dirty=None, hypotheses=tuple(entries)))
+    results.write_results(
+        project,
+        RunResults(
+            run_id=run_id,
+            created="2025-01-01T00:00:00Z",
+            command="perfkit run",
+            quick=True,
+            git_commit=None,
+            git_dirty=None,
+            hypotheses=tuple(entries),
+        ),
+    )
     for e in entries:
         (project.plots_dir).mkdir(parents=True, exist_ok=True)
         (project.ledger_dir / e.plot).write_bytes(b"png")
@@ -42,8 +57,11 @@ def store(project, run_id, entries):
 
 def test_ledger_is_sorted_deterministic_and_marks_flips(project, capsys):
     by_id = {h.id: h for h in load_hypotheses(project)}
-    store(project, "20250102-000000", [result(by_id["fx-share"], "confirmed", 1.0, "2"),
-                                       result(by_id["fx-cost-confirmed"], "refuted", 9.0, "2")])
+    store(
+        project,
+        "20250102-000000",
+        [result(by_id["fx-share"], "confirmed", 1.0, "2"), result(by_id["fx-cost-confirmed"], "refuted", 9.0, "2")],
+    )
     store(project, "20250101-000000", [result(by_id["fx-cost-confirmed"], "confirmed", 1.0, "1")])
     assert main(["--root", str(project.root), "ledger"]) == 0
     first = project.ledger_path.read_bytes()

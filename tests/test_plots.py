@@ -4,37 +4,59 @@ import numpy as np
 import pytest
 
 from perfkit.experiment.hypothesis import Hypothesis, Probe, Sweep
-from perfkit.experiment.kinds import Expect, expectation
+from perfkit.experiment.kinds import expectation
 from perfkit.experiment.plots import plot_verdict
 from perfkit.experiment.results import Execution
-from perfkit.samples import MetricRecord
 from perfkit.experiment.verdict import effective_points, judge
+from perfkit.samples import MetricRecord
 
 
 def case(expect, records_by_params, sweep=None):
-    h = Hypothesis(id="h", claim="c", rationale="r", expect=expect, probe=Probe(notebook="p.ipynb", sweep=sweep),
-                   tags=(), path=Path("h.yaml"), hash="0")
-    executions = [Execution(key=str(i), notebook="p.ipynb", params=params, status="ok", wall_s=1.0, run_id="r",
-                                  records=tuple(records)) for i, (params, records) in enumerate(records_by_params)]
+    h = Hypothesis(
+        id="h",
+        claim="c",
+        rationale="r",
+        expect=expect,
+        probe=Probe(notebook="p.ipynb", sweep=sweep),
+        tags=(),
+        path=Path("h.yaml"),
+        hash="0",
+    )
+    executions = [
+        Execution(
+            key=str(i), notebook="p.ipynb", params=params, status="ok", wall_s=1.0, run_id="r", records=tuple(records)
+        )
+        for i, (params, records) in enumerate(records_by_params)
+    ]
     return h, judge(h, executions), effective_points(executions, sweep.param if sweep else None)
 
 
 def noisy(name, mean, unit="ms", n=20, seed=0):
     rng = np.random.default_rng(seed)
-    return MetricRecord(name=name, unit=unit, samples=tuple(float(x) for x in mean * (1 + 0.05 * rng.standard_normal(n))))
+    return MetricRecord(
+        name=name, unit=unit, samples=tuple(float(x) for x in mean * (1 + 0.05 * rng.standard_normal(n)))
+    )
 
 
 CASES = {
-    "cost": lambda: case(expectation(kind="cost", metric="m", unit="ms", value=200.0, factor=3.0), [({}, [noisy("m", 0.18)])]),
-    "at_least": lambda: case(expectation(kind="at_least", metric="m", unit="tok/s", value=5.0),
-                             [({}, [noisy("m", 5.2, unit="tok/s")])]),
-    "share-plain": lambda: case(expectation(kind="share", metric="a", of="b", at_most=0.1),
-                                [({}, [noisy("a", 1.0), noisy("b", 4.0, seed=1)])]),
-    "scaling": lambda: case(expectation(kind="scaling", metric="m", over="ctx", exponent=1.0, tolerance=0.25),
-                            [({"ctx": c}, [noisy("m", c * 1e-3, seed=c)]) for c in (1024, 4096, 16384)],
-                            sweep=Sweep(param="ctx", values=(1024, 4096, 16384))),
-    "speedup": lambda: case(expectation(kind="speedup", baseline="slow", candidate="fast", at_least=100.0),
-                            [({}, [noisy("slow", 47.0), noisy("fast", 0.1, seed=2)])]),
+    "cost": lambda: case(
+        expectation(kind="cost", metric="m", unit="ms", value=200.0, factor=3.0), [({}, [noisy("m", 0.18)])]
+    ),
+    "at_least": lambda: case(
+        expectation(kind="at_least", metric="m", unit="tok/s", value=5.0), [({}, [noisy("m", 5.2, unit="tok/s")])]
+    ),
+    "share-plain": lambda: case(
+        expectation(kind="share", metric="a", of="b", at_most=0.1), [({}, [noisy("a", 1.0), noisy("b", 4.0, seed=1)])]
+    ),
+    "scaling": lambda: case(
+        expectation(kind="scaling", metric="m", over="ctx", exponent=1.0, tolerance=0.25),
+        [({"ctx": c}, [noisy("m", c * 1e-3, seed=c)]) for c in (1024, 4096, 16384)],
+        sweep=Sweep(param="ctx", values=(1024, 4096, 16384)),
+    ),
+    "speedup": lambda: case(
+        expectation(kind="speedup", baseline="slow", candidate="fast", at_least=100.0),
+        [({}, [noisy("slow", 47.0), noisy("fast", 0.1, seed=2)])],
+    ),
     "no-data": lambda: case(expectation(kind="cost", metric="m", unit="ms", value=1.0, factor=2.0), [({}, [])]),
 }
 

@@ -22,10 +22,12 @@ def test_non_finite_samples_survive_json():
 
 @pytest.mark.parametrize(
     "kwargs, words",
-    [({"name": "t", "samples": [1.0], "unit": "msec"}, "unknown unit 'msec'"),
-     ({"name": "t", "samples": ["1"], "unit": "ms"}, "samples must be numbers"),
-     ({"name": "", "samples": [1.0], "unit": "ms"}, "non-empty string"),
-     ({"name": "t", "samples": [1.0], "unit": "ms", "at": {"ctx": [1]}}, "`at` must map")],
+    [
+        ({"name": "t", "samples": [1.0], "unit": "msec"}, "unknown unit 'msec'"),
+        ({"name": "t", "samples": ["1"], "unit": "ms"}, "samples must be numbers"),
+        ({"name": "", "samples": [1.0], "unit": "ms"}, "non-empty string"),
+        ({"name": "t", "samples": [1.0], "unit": "ms", "at": {"ctx": [1]}}, "`at` must map"),
+    ],
 )
 def test_bad_records_are_user_errors(kwargs, words):
     with pytest.raises(UserError, match=words):

@@ -53,13 +53,17 @@ def test_stop_without_start_says_so_and_start_twice_raises(tmp_path, capsys):
 
 
 def _ev(key, count, self_cpu, cpu_total, self_dev):
-    return types.SimpleNamespace(key=key, count=count, self_cpu_time_total=self_cpu, cpu_time_total=cpu_total,
-                                 self_device_time_total=self_dev)
+    return types.SimpleNamespace(
+        key=key, count=count, self_cpu_time_total=self_cpu, cpu_time_total=cpu_total, self_device_time_total=self_dev
+    )
 
 
 def test_top_operators_sort_by_device_time_on_cuda_and_share_all_cpu_time():
-    events = [_ev("aten::mm", 10, 100.0, 300.0, 5000.0), _ev("aten::copy_", 50, 700.0, 700.0, 10.0),
-              _ev("aten::add", 10, 200.0, 200.0, 900.0)]
+    events = [
+        _ev("aten::mm", 10, 100.0, 300.0, 5000.0),
+        _ev("aten::copy_", 50, 700.0, 700.0, 10.0),
+        _ev("aten::add", 10, 200.0, 200.0, 900.0),
+    ]
     by_dev = profiler.top_operators(events, limit=2, by_device=True)
     assert [r["name"] for r in by_dev] == ["aten::mm", "aten::add"]
     assert by_dev[0]["self_cpu_share"] == pytest.approx(0.1)  # of all 1000 us, not of the two shown

@@ -4,26 +4,51 @@ import math
 import pytest
 
 from perfkit import files
-from perfkit.experiment import results
 from perfkit.errors import RecordError
-from perfkit.paths import Project
+from perfkit.experiment import results
 from perfkit.experiment.results import Execution, Floor, HypothesisResult, Measured, MetricSummary, RunResults
+from perfkit.paths import Project
 from perfkit.samples import MetricRecord
 
 
 def sample_results(run_id="20250101-000000") -> RunResults:
     return RunResults(
-        run_id=run_id, created="2025-01-01T00:00:00Z", command="perfkit run --all", quick=True,
-        git_commit="abc", git_dirty=False,
+        run_id=run_id,
+        created="2025-01-01T00:00:00Z",
+        command="perfkit run --all",
+        quick=True,
+        git_commit="abc",
+        git_dirty=False,
         hypotheses=(
             HypothesisResult(
-                id="h", hash="123", claim="c", kind="cost", expected="≈ 200 ms (×3)", verdict="refuted", reason=None,
+                id="h",
+                hash="123",
+                claim="c",
+                kind="cost",
+                expected="≈ 200 ms (×3)",
+                verdict="refuted",
+                reason=None,
                 measured=Measured(label="mean", unit="ms", value=0.18, low=0.16, high=0.21),
-                off_by="1,100x below the expected 200 ms", floor=Floor(metric="f", value=1.0, unit="ms", note="n"),
-                plot="plots/h.png", warnings=("w",),
-                metrics=(MetricSummary(name="m", unit="ms", at={"ctx": 1}, n=3, mean=None, low=None, high=None, std=math.nan),),
-                executions=(Execution(key="k", notebook="p.ipynb", params={"ctx": 1}, status="ok", run_id=run_id,
-                                      reused=False, wall_s=2.5),),
+                off_by="1,100x below the expected 200 ms",
+                floor=Floor(metric="f", value=1.0, unit="ms", note="n"),
+                plot="plots/h.png",
+                warnings=("w",),
+                metrics=(
+                    MetricSummary(
+                        name="m", unit="ms", at={"ctx": 1}, n=3, mean=None, low=None, high=None, std=math.nan
+                    ),
+                ),
+                executions=(
+                    Execution(
+                        key="k",
+                        notebook="p.ipynb",
+                        params={"ctx": 1},
+                        status="ok",
+                        run_id=run_id,
+                        reused=False,
+                        wall_s=2.5,
+                    ),
+                ),
             ),
         ),
     )
@@ -45,9 +70,17 @@ def test_run_results_round_trip(tmp_path):
 
 
 def test_execution_round_trip(tmp_path):
-    record = Execution(key="k", notebook="p.ipynb", params={"n": 1}, status="timeout", wall_s=3.0, run_id="r",
-                             reason="timed out after 1 s in cell 3", cell_index=3,
-                             records=(MetricRecord(name="t", unit="ms", samples=(1.0, math.inf), at={"n": 1}),))
+    record = Execution(
+        key="k",
+        notebook="p.ipynb",
+        params={"n": 1},
+        status="timeout",
+        wall_s=3.0,
+        run_id="r",
+        reason="timed out after 1 s in cell 3",
+        cell_index=3,
+        records=(MetricRecord(name="t", unit="ms", samples=(1.0, math.inf), at={"n": 1}),),
+    )
     results.write_execution(tmp_path / "execution.json", record)
     back = results.read_execution(tmp_path / "execution.json")
     assert back == record
@@ -104,8 +137,17 @@ def test_format_1_files_are_upgraded_to_one_execution_shape(tmp_path):
     (x,) = loaded.hypotheses[0].executions
     assert x.reused and x.run_id == "20240101-000000" and x.wall_s == 2.5
 
-    old = {"format_version": 1, "key": "k", "notebook": "p.ipynb", "params": {}, "status": "ok", "wall_s": 1.0,
-           "run_id": "20250102-000000", "cached_from": "20240101-000000", "records": []}
+    old = {
+        "format_version": 1,
+        "key": "k",
+        "notebook": "p.ipynb",
+        "params": {},
+        "status": "ok",
+        "wall_s": 1.0,
+        "run_id": "20250102-000000",
+        "cached_from": "20240101-000000",
+        "records": [],
+    }
     (tmp_path / "execution.json").write_text(json.dumps(old))
     back = results.read_execution(tmp_path / "execution.json")
     assert back.reused and back.run_id == "20240101-000000"

@@ -88,8 +88,9 @@ def test_large_batch_tree_verify_becomes_compute_bound():
     assert f.seconds == pytest.approx(cost.flops / 989e12)
 
 
-MOE = Config(vocab_size=1000, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,
-             n_experts=8, top_k=2)
+MOE = Config(
+    vocab_size=1000, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128, n_experts=8, top_k=2
+)
 
 
 def test_moe_reads_only_the_experts_touched_and_computes_top_k():
@@ -121,8 +122,9 @@ def test_moe_default_experts_touched_is_the_uniform_routing_expectation():
     sizes = [1, 4, 16, 64]
     costs = [step_cost(MOE, batch=1, context=1000, q_tokens=q, dtype_bytes=2).bytes for q in sizes]
     assert costs == sorted(costs) and costs[0] < costs[-1]
-    explicit = step_cost(MOE, batch=1, context=1000, q_tokens=2, dtype_bytes=2,
-                         experts_touched=expected_experts_touched(8, 2, 2))
+    explicit = step_cost(
+        MOE, batch=1, context=1000, q_tokens=2, dtype_bytes=2, experts_touched=expected_experts_touched(8, 2, 2)
+    )
     assert step_cost(MOE, batch=1, context=1000, q_tokens=2, dtype_bytes=2).bytes == explicit.bytes
 
 
@@ -157,8 +159,13 @@ def test_measured_hardware_reads_the_cached_bandwidth(tmp_path, monkeypatch):
     def rate(kernel, unit, value):
         return bandwidth.Rate(kernel, "cpu", unit, value, value * 0.9, value * 1.1, value, (value,), 1)
 
-    m = bandwidth.Measurement(fingerprint=bandwidth.fingerprint(inputs), machine=inputs, measured_at="then",
-                              seconds=1.0, rates=(rate("triad", "B/s", 48.2e9), rate("matmul", "FLOP/s", 2e11)))
+    m = bandwidth.Measurement(
+        fingerprint=bandwidth.fingerprint(inputs),
+        machine=inputs,
+        measured_at="then",
+        seconds=1.0,
+        rates=(rate("triad", "B/s", 48.2e9), rate("matmul", "FLOP/s", 2e11)),
+    )
     stored = {k: v for k, v in m.to_dict().items() if k not in ("cached", "path")}
     write_json(bandwidth.cache_path(), stored, version=bandwidth.FORMAT_VERSION)
     monkeypatch.setattr(bandwidth, "measure", lambda **kw: pytest.fail("must reuse the cache"))

@@ -33,8 +33,10 @@ def test_samples_follow_the_softmax_and_temperature_zero_is_argmax():
         want = (logits / temperature).softmax(-1).double()
         chi2 = (n * (freq - want) ** 2 / want).sum().item()
         assert chi2 < 18.5, (temperature, chi2)  # 99.9% point of chi-square with 4 degrees of freedom
-    assert torch.equal(choose(logits.expand(2, 3, 5), torch.zeros(2, 3, dtype=torch.int64), temperature=0, seed=9),
-                       torch.zeros(2, 3, dtype=torch.int64))
+    assert torch.equal(
+        choose(logits.expand(2, 3, 5), torch.zeros(2, 3, dtype=torch.int64), temperature=0, seed=9),
+        torch.zeros(2, 3, dtype=torch.int64),
+    )
 
 
 def test_tensor_and_python_hashes_agree():

@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from perfkit.probe import spans
 from perfkit.phases import STEP, UNATTRIBUTED
+from perfkit.probe import spans
 
 
 @pytest.fixture
@@ -65,11 +65,7 @@ def test_fewer_calls_than_interval_still_print_on_flush(log):
 
 
 def test_env_profile_prints_summary_at_exit():
-    code = (
-        "from perfkit.probe.spans import timed\n"
-        "f = timed('once')(lambda: None)\n"
-        "f(); f()\n"
-    )
+    code = "from perfkit.probe.spans import timed\nf = timed('once')(lambda: None)\nf(); f()\n"
     out = subprocess.run(
         [sys.executable, "-c", code],
         env={"PERFKIT_PROFILE": "1", "PATH": ""},

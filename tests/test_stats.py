@@ -52,8 +52,12 @@ def test_t_quantiles_match_the_tables():
 def test_replicate_intervals_cover_the_truth_at_the_promised_rate(case):
     truth = 2.0
     for replicates in (3, 5):
-        cov = coverage(1000, lambda rng: [process(rng, truth, 60, **case) for _ in range(replicates)], truth,
-                       stats.mean_estimate)
+        cov = coverage(
+            1000,
+            lambda rng, r=replicates: [process(rng, truth, 60, **case) for _ in range(r)],
+            truth,
+            stats.mean_estimate,
+        )
         assert 0.93 <= cov <= 0.99, (replicates, cov)
 
 

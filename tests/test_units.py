@@ -19,8 +19,16 @@ def test_convert_across_dimensions_is_refused():
 
 @pytest.mark.parametrize(
     "value, digits, text",
-    [(0.18, 3, "0.18"), (1111.1, 2, "1,100"), (46000, 3, "46,000"), (99.96, 3, "100"), (-3.14159, 3, "-3.14"),
-     (0.000123, 2, "0.00012"), (0, 3, "0"), (float("nan"), 3, "nan")],
+    [
+        (0.18, 3, "0.18"),
+        (1111.1, 2, "1,100"),
+        (46000, 3, "46,000"),
+        (99.96, 3, "100"),
+        (-3.14159, 3, "-3.14"),
+        (0.000123, 2, "0.00012"),
+        (0, 3, "0"),
+        (float("nan"), 3, "nan"),
+    ],
 )
 def test_format_number(value, digits, text):
     assert units.format_number(value, digits) == text

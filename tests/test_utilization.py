@@ -126,12 +126,26 @@ def test_plot_trace_draws_cells_on_the_same_time_axis(tmp_path):
 def test_plot_trace_with_gpus_and_no_intervals(tmp_path):
     n = 4
     trace = {
-        "format_version": utilization.FORMAT_VERSION, "interval_s": 0.25, "t": [100.0 + i / 4 for i in range(n)],
-        "cpu_percent": [None, 50.0, 60.0, 10.0], "system_cpu_percent": [None, 30.0, 35.0, 5.0],
-        "rss_bytes": [2**30] * n, "processes": [2] * n, "gpu_note": None,
-        "gpus": [{"index": 0, "name": "GPU", "util_percent": [0, 90, None, 10], "mem_util_percent": [0] * n,
-                  "memory_used_bytes": [2**33] * n, "sm_clock_mhz": [1980] * n, "mem_clock_mhz": [2619] * n,
-                  "power_w": [100.0, 600.0, 650.0, 120.0]}],
+        "format_version": utilization.FORMAT_VERSION,
+        "interval_s": 0.25,
+        "t": [100.0 + i / 4 for i in range(n)],
+        "cpu_percent": [None, 50.0, 60.0, 10.0],
+        "system_cpu_percent": [None, 30.0, 35.0, 5.0],
+        "rss_bytes": [2**30] * n,
+        "processes": [2] * n,
+        "gpu_note": None,
+        "gpus": [
+            {
+                "index": 0,
+                "name": "GPU",
+                "util_percent": [0, 90, None, 10],
+                "mem_util_percent": [0] * n,
+                "memory_used_bytes": [2**33] * n,
+                "sm_clock_mhz": [1980] * n,
+                "mem_clock_mhz": [2619] * n,
+                "power_w": [100.0, 600.0, 650.0, 120.0],
+            }
+        ],
         "overhead": {"cpu_s_per_s": 0.004},
     }
     out = plot_trace(trace, tmp_path / "sub" / "gpu.png", intervals=[])

@@ -8,20 +8,36 @@ import pytest
 
 from perfkit.experiment.hypothesis import Hypothesis, Probe, Sweep
 from perfkit.experiment.kinds import Expect, expectation
-from perfkit.phases import BREAKDOWN, STEP
 from perfkit.experiment.results import Execution
-from perfkit.samples import MetricRecord
 from perfkit.experiment.verdict import Verdict, judge
+from perfkit.phases import BREAKDOWN, STEP
+from perfkit.samples import MetricRecord
 
 
 def hyp(expect: Expect, sweep: Sweep | None = None) -> Hypothesis:
-    return Hypothesis(id="h", claim="c", rationale="r", expect=expect,
-                      probe=Probe(notebook="p.ipynb", sweep=sweep), tags=(), path=Path("h.yaml"), hash="0")
+    return Hypothesis(
+        id="h",
+        claim="c",
+        rationale="r",
+        expect=expect,
+        probe=Probe(notebook="p.ipynb", sweep=sweep),
+        tags=(),
+        path=Path("h.yaml"),
+        hash="0",
+    )
 
 
 def run(*records: MetricRecord, params=None, status="ok", reason=None) -> Execution:
-    return Execution(key="k", notebook="p.ipynb", params=params or {}, status=status, wall_s=1.0, run_id="r",
-                           reason=reason, records=tuple(records))
+    return Execution(
+        key="k",
+        notebook="p.ipynb",
+        params=params or {},
+        status=status,
+        wall_s=1.0,
+        run_id="r",
+        reason=reason,
+        records=tuple(records),
+    )
 
 
 def metric(name, mean, *, n=30, unit="ms", spread=0.02, at=None, breakdown=None, seed=0):
@@ -51,9 +67,11 @@ def test_cost_confirmed_within_factor_and_inconclusive_when_straddling():
 
 @pytest.mark.parametrize(
     "samples, reason",
-    [((), "probe recorded no samples for mask"),
-     ((1.0, math.nan, 2.0, 3.0, 4.0), "1 of 5 samples of mask are NaN"),
-     ((1.0, 2.0), "has 2 samples, fewer than the 5 needed")],
+    [
+        ((), "probe recorded no samples for mask"),
+        ((1.0, math.nan, 2.0, 3.0, 4.0), "1 of 5 samples of mask are NaN"),
+        ((1.0, 2.0), "has 2 samples, fewer than the 5 needed"),
+    ],
 )
 def test_bad_evidence_is_inconclusive_with_the_reason(samples, reason):
     j = judge(hyp(COST), [run(MetricRecord(name="mask", unit="ms", samples=samples))])
@@ -105,7 +123,9 @@ def breakdown(step_ms, parts, n=30):
     noise = 1 + 0.02 * rng.standard_normal(n)
     for name in (STEP,) + BREAKDOWN:
         value = step_ms if name == STEP else parts.get(name, 0.0)
-        records.append(MetricRecord(name=name, unit="ms", samples=tuple(float(x) for x in value * noise), breakdown=STEP))
+        records.append(
+            MetricRecord(name=name, unit="ms", samples=tuple(float(x) for x in value * noise), breakdown=STEP)
+        )
     return records
 
 
@@ -138,7 +158,9 @@ def test_speedup_for_times_and_rates():
     j = judge(hyp(expect), [run(metric("heap", 47.4), metric("vec", 0.1))])
     assert j.verdict is Verdict.CONFIRMED and j.measured.value == pytest.approx(474, rel=0.05)
     slow = judge(hyp(expect), [run(metric("heap", 1.0), metric("vec", 0.5))])
-    assert slow.verdict is Verdict.REFUTED and re.fullmatch(r"(49|50|51)x below the claimed minimum speedup 100x", slow.off_by)
+    assert slow.verdict is Verdict.REFUTED and re.fullmatch(
+        r"(49|50|51)x below the claimed minimum speedup 100x", slow.off_by
+    )
     rates = expectation(kind="speedup", baseline="ar", candidate="spec", at_least=1.5)
     j = judge(hyp(rates), [run(metric("ar", 10.0, unit="tok/s"), metric("spec", 25.0, unit="tok/s"))])
     assert j.verdict is Verdict.CONFIRMED and j.measured.value == pytest.approx(2.5, rel=0.05)

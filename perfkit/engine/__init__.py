@@ -16,19 +16,19 @@ A probe drives it like this::
                     #   "unattributed": s}, seconds
     cap.samples("prepare_for_verify")                             # seconds, one per step
 
-``mode="ar"`` decodes one token per step with the same model and cache (steps then have
-verify_forward, accept and kv_commit). ``context=N`` makes every cached prefix N tokens long;
-``fill="approx"`` fills long prefixes in seconds (cache size and attention cost real, contents
+`mode="ar"` decodes one token per step with the same model and cache (steps then have
+verify_forward, accept and kv_commit). `context=N` makes every cached prefix N tokens long;
+`fill="approx"` fills long prefixes in seconds (cache size and attention cost real, contents
 approximate; the result says which fill was used). Greedy speculative output is token-identical to
-greedy autoregressive output. With ``PERFKIT_PROFILE=1`` every phase also logs
-``[perfkit-prof] <phase>: n=50 mean=... last=...`` lines and a summary at exit.
+greedy autoregressive output. With `PERFKIT_PROFILE=1` every phase also logs
+`[perfkit-prof] <phase>: n=50 mean=... last=...` lines and a summary at exit.
 
-Pieces: ``model`` (target, ModelConfig, KVCache), ``drafter`` (block drafter, DrafterConfig),
-``decode`` (Engine, GenerateResult, the step loop), ``checkpoints`` (weights format, presets,
-``load_engine``), ``data`` (stdlib text, byte encode/decode, held-out prompts), ``train`` (the
-training script: ``perfkit engine train``), ``bench`` / ``benchmarks`` / ``cli``
-(``perfkit engine bench|benchmarks|train``). The kernels probes time in isolation live in
-``perfkit.kernels``. Imports are lazy: ``import perfkit.engine`` does not load torch.
+Pieces: `model` (target, ModelConfig, KVCache), `drafter` (block drafter, DrafterConfig),
+`decode` (Engine, GenerateResult, the step loop), `checkpoints` (weights format, presets,
+`load_engine`), `data` (stdlib text, byte encode/decode, held-out prompts), `train` (the
+training script: `perfkit engine train`), `bench` / `benchmarks` / `cli`
+(`perfkit engine bench|benchmarks|train`). The kernels probes time in isolation live in
+`perfkit.kernels`. Imports are lazy: `import perfkit.engine` does not load torch.
 """
 
 from __future__ import annotations

@@ -52,9 +52,17 @@ def run_bench(cfg: BenchConfig, *, engine=None) -> dict:
         engine = load_engine(cfg.preset, device=cfg.device, dtype=cfg.dtype)
     fill = cfg.fill if cfg.fill != "auto" else ("approx" if cfg.ctx >= APPROX_FROM else "prefill")
     prompts = data.sample_prompts(cfg.batch, min(cfg.prompt, cfg.ctx))
-    options = dict(mode=cfg.mode, budget=cfg.budget, tree=cfg.tree, mask=cfg.mask, temperature=cfg.temperature, seed=cfg.seed)
+    options = dict(
+        mode=cfg.mode, budget=cfg.budget, tree=cfg.tree, mask=cfg.mask, temperature=cfg.temperature, seed=cfg.seed
+    )
     # Warm-up: small context, few tokens; allocator, thread pools and lazy tables get built.
-    engine.generate(prompts, max_new_tokens=min(cfg.gen, 8), context=min(cfg.ctx, 512), fill=fill if cfg.ctx >= 512 else "prefill", **options)
+    engine.generate(
+        prompts,
+        max_new_tokens=min(cfg.gen, 8),
+        context=min(cfg.ctx, 512),
+        fill=fill if cfg.ctx >= 512 else "prefill",
+        **options,
+    )
     with capture() as cap:
         result = engine.generate(prompts, max_new_tokens=cfg.gen, context=cfg.ctx, fill=fill, **options)
     steps = cap.steps()
@@ -100,17 +108,21 @@ def format_bench(record: dict) -> str:
     c = record["config"]
     e = record["engine"]
     fill_note = (
-        "fill=approx (APPROXIMATE: head and tail prefilled, the cache between filled with copies; attention cost real, contents not)"
+        "fill=approx (APPROXIMATE: head and tail prefilled, the cache "
+        "between filled with copies; attention cost real, contents not)"
         if r["fill"] == "approx"
         else "fill=prefill (the whole prefix went through the target)"
     )
     lines = [
-        f"engine {e['preset']} on {e['device']} {e['dtype']} ({e['threads']} threads): mode={c['mode']} batch={c['batch']}"
+        f"engine {e['preset']} on {e['device']} {e['dtype']} "
+        f"({e['threads']} threads): mode={c['mode']} batch={c['batch']}"
         + (f" budget={c['budget']} tree={c['tree']} mask={c['mask']}" if c["mode"] == "spec" else "")
         + (f" temperature={c['temperature']:g} seed={c['seed']}" if c.get("temperature") else " greedy"),
         fill_note,
-        f"{'ctx_req':>8} {'prompt_tok':>10} {'TTFT_s':>8} {'prefill_tok/s':>13} {'decode_tok/s':>12} {'gen_tok':>7} {'decode_wall':>11} {'accept_len':>10}",
-        f"{r['ctx_req']:>8} {r['prompt_tok']:>10} {r['ttft_s']:>8.3f} {r['prefill_tok_s']:>13.1f} {r['decode_tok_s']:>12.1f} "
+        f"{'ctx_req':>8} {'prompt_tok':>10} {'TTFT_s':>8} {'prefill_tok/s':>13} "
+        f"{'decode_tok/s':>12} {'gen_tok':>7} {'decode_wall':>11} {'accept_len':>10}",
+        f"{r['ctx_req']:>8} {r['prompt_tok']:>10} {r['ttft_s']:>8.3f} "
+        f"{r['prefill_tok_s']:>13.1f} {r['decode_tok_s']:>12.1f} "
         f"{r['gen_tok']:>7} {r['decode_wall_s']:>11.3f} {r['accept_len']:>10.2f}",
     ]
     if r.get("experts_touched_mean") is not None:

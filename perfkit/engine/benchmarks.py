@@ -45,7 +45,9 @@ def spec_figures(*, quick: bool, device: str = "cpu", budget: int = 32, budgets:
     accept = {t: [] for t in TEMPERATURES}  # greedy, then seeded sampling
     for p in data.sample_prompts(n_prompts, 256):
         for t in TEMPERATURES:
-            accept[t].extend(engine.generate([p], max_new_tokens=gen, mode="spec", budget=budget, temperature=t).accept_lengths)
+            accept[t].extend(
+                engine.generate([p], max_new_tokens=gen, mode="spec", budget=budget, temperature=t).accept_lengths
+            )
     ctx_prompt = data.sample_prompts(1, 256, seed=7)
     opts = dict(max_new_tokens=64 if quick else 128, context=1024)
     engine.generate(ctx_prompt, max_new_tokens=8, context=1024, mode="ar")  # warm-up
@@ -60,8 +62,12 @@ def spec_figures(*, quick: bool, device: str = "cpu", budget: int = 32, budgets:
             accepts[b].append(r.mean_accept_length)
     ar = statistics.median(rows["ar"])
     sweep = [
-        {"budget": b, "spec_decode_tok_s": statistics.median(rows[b]), "accept_len": statistics.fmean(accepts[b]),
-         "speedup": statistics.median(rows[b]) / ar}
+        {
+            "budget": b,
+            "spec_decode_tok_s": statistics.median(rows[b]),
+            "accept_len": statistics.fmean(accepts[b]),
+            "speedup": statistics.median(rows[b]) / ar,
+        }
         for b in budgets
     ]
     best = max(sweep, key=lambda r: r["speedup"])
@@ -70,7 +76,9 @@ def spec_figures(*, quick: bool, device: str = "cpu", budget: int = 32, budgets:
         "heldout_prompts": n_prompts,
         "heldout_gen": gen,
         "heldout_accept_len": statistics.fmean(accept[0.0]),
-        "heldout_accept_len_sampled": [{"temperature": t, "accept_len": statistics.fmean(accept[t])} for t in TEMPERATURES[1:]],
+        "heldout_accept_len_sampled": [
+            {"temperature": t, "accept_len": statistics.fmean(accept[t])} for t in TEMPERATURES[1:]
+        ],
         "ctx": 1024,
         "ar_decode_tok_s": ar,
         "sweep": sweep,
@@ -120,20 +128,28 @@ def tree_build_figures(*, quick: bool, device: str = "cpu") -> list[dict]:
     rows = []
     for budget in (16, 64, 256):
         for batch in (1, 8, 32, 128):
-            drafts = [_draft_like(batch, 8, min(budget, 256), seed=batch * 1000 + budget + j).to(device) for j in range(8)]
+            drafts = [
+                _draft_like(batch, 8, min(budget, 256), seed=batch * 1000 + budget + j).to(device) for j in range(8)
+            ]
             same = True
             for lp in drafts:
                 a, b = build_tree_heap(lp, budget), build_tree_vectorized(lp, budget)
                 same &= all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("ranks", "parents", "depths", "scores"))
             times = _alternating_times(drafts, budget, pairs=pairs, sync="each" if device == "cuda" else "none")
             speedup = ratio_interval(times["heap"], times["vectorized"], paired=True)
-            rows.append({
-                "batch": batch, "budget": budget, "pairs": pairs,
-                "heap_ms": statistics.median(times["heap"]) * 1e3,
-                "vectorized_ms": statistics.median(times["vectorized"]) * 1e3,
-                "speedup": speedup.value, "speedup_low": speedup.low, "speedup_high": speedup.high,
-                "same_trees": same,
-            })
+            rows.append(
+                {
+                    "batch": batch,
+                    "budget": budget,
+                    "pairs": pairs,
+                    "heap_ms": statistics.median(times["heap"]) * 1e3,
+                    "vectorized_ms": statistics.median(times["vectorized"]) * 1e3,
+                    "speedup": speedup.value,
+                    "speedup_low": speedup.low,
+                    "speedup_high": speedup.high,
+                    "same_trees": same,
+                }
+            )
     return rows
 
 
@@ -155,11 +171,24 @@ def mask_figures(*, quick: bool, device: str = "cpu", nodes: int = 32) -> list[d
             lens = torch.full((batch,), ctx, dtype=torch.int64, device=device)
             naive = _median_s(partial(prepare_for_verify_naive, lens, block, 8), quick=quick)
             compact = _median_s(partial(prepare_for_verify_compact, lens, block, 8), quick=quick)
-            rows.append({"batch": batch, "ctx": ctx, "nodes": nodes, "naive_ms": naive * 1e3, "compact_ms": compact * 1e3, "speedup": naive / compact})
+            rows.append(
+                {
+                    "batch": batch,
+                    "ctx": ctx,
+                    "nodes": nodes,
+                    "naive_ms": naive * 1e3,
+                    "compact_ms": compact * 1e3,
+                    "speedup": naive / compact,
+                }
+            )
     return rows
 
 
-SECTIONS = {"spec": ("spec_vs_ar", spec_figures), "tree": ("tree_build", tree_build_figures), "mask": ("verify_mask", mask_figures)}
+SECTIONS = {
+    "spec": ("spec_vs_ar", spec_figures),
+    "tree": ("tree_build", tree_build_figures),
+    "mask": ("verify_mask", mask_figures),
+}
 
 
 def run_benchmarks(*, quick: bool = False, device: str = "cpu", only: tuple = tuple(SECTIONS)) -> dict:
@@ -173,7 +202,10 @@ def run_benchmarks(*, quick: bool = False, device: str = "cpu", only: tuple = tu
 
 
 def format_benchmarks(record: dict) -> str:
-    lines = [f"perfkit engine benchmarks ({'quick' if record['quick'] else 'full'}; {record['device']}, {record['threads']} threads)"]
+    lines = [
+        f"perfkit engine benchmarks ({'quick' if record['quick'] else 'full'}; "
+        f"{record['device']}, {record['threads']} threads)"
+    ]
     if "spec_vs_ar" in record:
         lines += _format_spec(record["spec_vs_ar"])
     if "tree_build" in record:
@@ -187,13 +219,18 @@ def _format_spec(s: dict) -> list[str]:
     lines = [
         "",
         f"Spec decode, shipped weights, budget {s['budget']}",
-        f"  accept length on held-out text ({s['heldout_prompts']} prompts x {s['heldout_gen']} tokens): {s['heldout_accept_len']:.2f}"
-        + "".join(f"; sampled at temperature {r['temperature']:g}: {r['accept_len']:.2f}" for r in s.get("heldout_accept_len_sampled", [])),
+        f"  accept length on held-out text ({s['heldout_prompts']} prompts "
+        f"x {s['heldout_gen']} tokens): {s['heldout_accept_len']:.2f}"
+        + "".join(
+            f"; sampled at temperature {r['temperature']:g}: {r['accept_len']:.2f}"
+            for r in s.get("heldout_accept_len_sampled", [])
+        ),
         f"  ctx {s['ctx']}, batch 1, tree=heap: AR {s['ar_decode_tok_s']:.1f} tok/s",
     ]
     for r in s["sweep"]:
         lines.append(
-            f"    spec budget {r['budget']:>3}: {r['spec_decode_tok_s']:>7.1f} tok/s  accept {r['accept_len']:.2f}  spec/AR {r['speedup']:.2f}x"
+            f"    spec budget {r['budget']:>3}: {r['spec_decode_tok_s']:>7.1f} "
+            f"tok/s  accept {r['accept_len']:.2f}  spec/AR {r['speedup']:.2f}x"
         )
     return lines
 
@@ -201,18 +238,28 @@ def _format_spec(s: dict) -> list[str]:
 def _format_tree(rows: list[dict]) -> list[str]:
     lines = [
         "",
-        f"Tree build (8 depths, top-R = budget, a new draft each time; {rows[0]['pairs']} alternating pairs): heapq vs vectorized",
+        "Tree build (8 depths, top-R = budget, a new draft each time; "
+        f"{rows[0]['pairs']} alternating pairs): heapq vs vectorized",
         "  (median ms per build; speedup = ratio of the mean times, 95% interval)",
         f"  {'batch':>5} {'budget':>6} {'heap_ms':>9} {'vector_ms':>9} {'speedup [95% interval]':>24} same_trees",
     ]
     for r in rows:
         interval = f"{r['speedup']:.2f}x [{r['speedup_low']:.2f}, {r['speedup_high']:.2f}]"
-        lines.append(f"  {r['batch']:>5} {r['budget']:>6} {r['heap_ms']:>9.3f} {r['vectorized_ms']:>9.3f} {interval:>24} {r['same_trees']}")
+        lines.append(
+            f"  {r['batch']:>5} {r['budget']:>6} {r['heap_ms']:>9.3f} "
+            f"{r['vectorized_ms']:>9.3f} {interval:>24} {r['same_trees']}"
+        )
     return lines
 
 
 def _format_mask(rows: list[dict]) -> list[str]:
-    lines = ["", "Verify mask (prepare_for_verify, 32 nodes): naive vs compact", f"  {'batch':>5} {'ctx':>6} {'naive_ms':>9} {'compact_ms':>10} {'speedup':>8}"]
+    lines = [
+        "",
+        "Verify mask (prepare_for_verify, 32 nodes): naive vs compact",
+        f"  {'batch':>5} {'ctx':>6} {'naive_ms':>9} {'compact_ms':>10} {'speedup':>8}",
+    ]
     for r in rows:
-        lines.append(f"  {r['batch']:>5} {r['ctx']:>6} {r['naive_ms']:>9.3f} {r['compact_ms']:>10.4f} {r['speedup']:>7.1f}x")
+        lines.append(
+            f"  {r['batch']:>5} {r['ctx']:>6} {r['naive_ms']:>9.3f} {r['compact_ms']:>10.4f} {r['speedup']:>7.1f}x"
+        )
     return lines

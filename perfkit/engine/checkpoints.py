@@ -1,9 +1,9 @@
 """Weights on disk without pickle: the safetensors layout, written and read with the stdlib.
 
 A file is an 8-byte little-endian header length, a JSON header (each tensor's dtype, shape and
-byte range; ``__metadata__`` with string values) and the raw little-endian tensor bytes. Any
+byte range; `__metadata__` with string values) and the raw little-endian tensor bytes. Any
 safetensors reader can open these files; loading one can never execute code. The metadata carries
-``format``/``version`` (this module's layout version) and ``config`` (the model's sizes, JSON).
+`format`/`version` (this module's layout version) and `config` (the model's sizes, JSON).
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ _DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", t
 _NAMES = {v: k for k, v in _DTYPES.items()}
 
 
-def save_weights(path: str | Path, tensors: dict[str, torch.Tensor], *, config: dict, extra: dict | None = None) -> None:
-    """Write ``tensors`` and their model ``config`` atomically (temporary file, then rename)."""
+def save_weights(
+    path: str | Path, tensors: dict[str, torch.Tensor], *, config: dict, extra: dict | None = None
+) -> None:
+    """Write `tensors` and their model `config` atomically (temporary file, then rename)."""
     if sys.byteorder != "little":
         raise UserError("writing weights needs a little-endian machine")
     header: dict = {}
@@ -53,7 +55,7 @@ def save_weights(path: str | Path, tensors: dict[str, torch.Tensor], *, config: 
 
 
 def load_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
-    """(tensors, config, extra metadata) from a file written by :func:`save_weights`."""
+    """(tensors, config, extra metadata) from a file written by `save_weights`."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"weights file not found: {path}")
@@ -95,14 +97,16 @@ def _random_configs(preset: str):
     if preset == "tiny-random":
         target = ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128)
     else:  # moe-random: 8 experts, 2 per token
-        target = ModelConfig(d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, d_ff=256, n_experts=8, top_k=2)
+        target = ModelConfig(
+            d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, d_ff=256, n_experts=8, top_k=2
+        )
     drafter = DrafterConfig(target_d_model=target.d_model, d_model=64, n_layers=1, n_heads=4, d_ff=128, block=6)
     return target, drafter
 
 
 def load_engine(preset: str = "shipped", *, device="cpu", dtype: str = "fp32", seed: int = 0):
     """An Engine: "shipped" (the trained weights in checkpoints/), "tiny-random" (fast tests) or
-    "moe-random" (MoE target); random presets are initialised from ``seed``."""
+    "moe-random" (MoE target); random presets are initialised from `seed`."""
     from perfkit.engine.decode import Engine
     from perfkit.engine.drafter import BlockDrafter, DrafterConfig
     from perfkit.engine.model import ModelConfig, Transformer

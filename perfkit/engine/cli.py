@@ -48,7 +48,9 @@ def _parser() -> argparse.ArgumentParser:
         help="how the cache is filled; auto = approx from 4096 tokens of context (labelled in the output)",
     )
     b.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; above: seeded sampling")
-    b.add_argument("--seed", type=int, default=0, help="sampling seed (the same seed gives the same tokens in spec and AR)")
+    b.add_argument(
+        "--seed", type=int, default=0, help="sampling seed (the same seed gives the same tokens in spec and AR)"
+    )
     b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     b.add_argument("--json", action="store_true", help="print the record as JSON instead of the table")
 
@@ -56,11 +58,14 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--quick", action="store_true", help="fewer repeats and prompts")
     m.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     m.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    m.add_argument("--only", action="append", choices=tuple(SECTIONS),
-                   help="just these sections (repeatable; default: all)")
+    m.add_argument(
+        "--only", action="append", choices=tuple(SECTIONS), help="just these sections (repeatable; default: all)"
+    )
     m.add_argument("--json", action="store_true")
 
-    sub.add_parser("train", help="train the shipped target and drafter (deterministic); see `train --help`", add_help=False)
+    sub.add_parser(
+        "train", help="train the shipped target and drafter (deterministic); see `train --help`", add_help=False
+    )
     return top
 
 
@@ -93,9 +98,19 @@ def main(argv: list[str]) -> int:
             for name in ("ctx", "gen", "batch", "budget"):
                 _positive(name, getattr(args, name))
             cfg = BenchConfig(
-                ctx=args.ctx, gen=args.gen, batch=args.batch, budget=args.budget, mode=args.mode, mask=args.mask,
-                tree=args.tree, device=args.device, dtype=args.dtype, preset=args.preset, fill=args.fill,
-                temperature=args.temperature, seed=args.seed,
+                ctx=args.ctx,
+                gen=args.gen,
+                batch=args.batch,
+                budget=args.budget,
+                mode=args.mode,
+                mask=args.mask,
+                tree=args.tree,
+                device=args.device,
+                dtype=args.dtype,
+                preset=args.preset,
+                fill=args.fill,
+                temperature=args.temperature,
+                seed=args.seed,
             )
             record = run_bench(cfg)
             print(json.dumps(record, indent=1, sort_keys=True) if args.json else format_bench(record))

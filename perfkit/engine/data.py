@@ -1,8 +1,8 @@
 """Text every machine has: the Python standard library's own source, as bytes.
 
-The corpus is the top-level ``*.py`` modules of ``sysconfig.get_paths()["stdlib"]`` (present in
+The corpus is the top-level `*.py` modules of `sysconfig.get_paths()["stdlib"]` (present in
 every CPython 3.11 install), in sorted order. A file is held out when the CRC-32 of its name is
-divisible by ``HELDOUT_EVERY``: the split depends on file names only, so it is the same on every
+divisible by `HELDOUT_EVERY`: the split depends on file names only, so it is the same on every
 machine and no held-out byte is ever trained on. The vocabulary is the 256 byte values.
 """
 
@@ -22,7 +22,7 @@ HELDOUT_EVERY = 8
 
 
 def encode(text: str | bytes) -> list[int]:
-    """Byte ids of ``text`` (UTF-8 for str)."""
+    """Byte ids of `text` (UTF-8 for str)."""
     if isinstance(text, str):
         text = text.encode("utf-8")
     return list(text)
@@ -66,7 +66,7 @@ def heldout_text() -> bytes:
 
 
 def sample_prompts(n: int, length: int, *, source: bytes | None = None, seed: int = 0) -> list[list[int]]:
-    """``n`` deterministic prompts of ``length`` bytes cut from ``source`` (held-out text by default).
+    """`n` deterministic prompts of `length` bytes cut from `source` (held-out text by default).
 
     Prompts start at the beginning of a line so they look like what a user would feed a model.
     """

@@ -5,7 +5,7 @@ last emitted token of each request, not yet in the cache) are known:
 
     draft               drafter(root, window of the last W committed tokens and the target's
                         hidden states there) -> top-R log-probs at K positions
-    tree_build          best-first tree of ``budget`` nodes (heapq reference or vectorized) and
+    tree_build          best-first tree of `budget` nodes (heapq reference or vectorized) and
                         its ancestor (visibility) block
     prepare_for_verify  verify mask (naive or compact), query tokens, positions, slots
     verify_forward      target forward over root + nodes; node K/V land in slots L_b + j
@@ -15,8 +15,8 @@ last emitted token of each request, not yet in the cache) are known:
                         slide the drafter's window over the committed entries
 
 An autoregressive step is the same target forward with one token (verify_forward), the host copy
-(accept) and the length bump (kv_commit). Both run inside ``span("step")``, so
-``perfkit.probe.spans.capture().steps()`` gives the breakdown with the unattributed remainder. Nothing
+(accept) and the length bump (kv_commit). Both run inside `span("step")`, so
+`perfkit.probe.spans.capture().steps()` gives the breakdown with the unattributed remainder. Nothing
 here synchronises the device except the one host copy per step that emitting tokens needs.
 """
 
@@ -29,8 +29,8 @@ import torch
 
 from perfkit.engine import data
 from perfkit.engine.drafter import BlockDrafter
-from perfkit.engine.sampling import choose
 from perfkit.engine.model import KVCache, Transformer
+from perfkit.engine.sampling import choose
 from perfkit.errors import UserError
 from perfkit.kernels import tree_build, verify_mask
 from perfkit.phases import STEP
@@ -48,7 +48,7 @@ FILLS = ("prefill", "approx")
 
 @dataclass
 class GenerateResult:
-    """What one ``Engine.generate`` call produced and how long it took.
+    """What one `Engine.generate` call produced and how long it took.
 
     tokens: generated ids per request (exactly max_new_tokens each); accept_lengths: per decode
     step, tokens emitted per request (accepted nodes + bonus) averaged over the batch; the first
@@ -99,7 +99,10 @@ class Engine:
     """A target model, its block drafter, and the decode loop that drives them."""
 
     def __init__(self, target: Transformer, drafter: BlockDrafter, *, device, dtype: torch.dtype, preset: str = ""):
-        if drafter.config.vocab_size != target.config.vocab_size or drafter.config.target_d_model != target.config.d_model:
+        if (
+            drafter.config.vocab_size != target.config.vocab_size
+            or drafter.config.target_d_model != target.config.d_model
+        ):
             raise UserError("drafter and target disagree on vocabulary or hidden size")
         self.target = target.eval()
         self.drafter = drafter.eval()
@@ -132,13 +135,13 @@ class Engine:
         temperature: float = 0.0,
         seed: int = 0,
     ) -> GenerateResult:
-        """Generation of ``max_new_tokens`` per prompt: greedy at ``temperature`` 0, else sampled
-        with noise keyed on (``seed``, request, position), so spec and AR give the same tokens.
+        """Generation of `max_new_tokens` per prompt: greedy at `temperature` 0, else sampled
+        with noise keyed on (`seed`, request, position), so spec and AR give the same tokens.
 
-        mode "spec" (draft tree of ``budget`` nodes, built by ``tree``, verified under a ``mask``
-        mask) or "ar" (one token per step). ``context``: make every request's cached prefix
+        mode "spec" (draft tree of `budget` nodes, built by `tree`, verified under a `mask`
+        mask) or "ar" (one token per step). `context`: make every request's cached prefix
         exactly that many tokens (held-out text before the prompt, or the prompt's last tokens).
-        ``fill``: "prefill" runs the target over the whole prefix; "approx" prefills the first
+        `fill`: "prefill" runs the target over the whole prefix; "approx" prefills the first
         APPROX_HEAD and last APPROX_TAIL tokens and fills the slots between with copies of the
         first ones: the cache has the right size (attention costs are real) but not the right
         contents, for timing long contexts on a CPU in seconds. Needs equal prefix lengths.
@@ -156,8 +159,14 @@ class Engine:
 
         t0 = time.perf_counter()
         fill_cache = self._approx_fill if fill == "approx" else self._prefill
-        st = _State(cache=cache, lens=list(lens), lens_t=torch.tensor(lens, device=self.device), out=[[] for _ in prefixes],
-                    temperature=float(temperature), seed=seed)
+        st = _State(
+            cache=cache,
+            lens=list(lens),
+            lens_t=torch.tensor(lens, device=self.device),
+            out=[[] for _ in prefixes],
+            temperature=float(temperature),
+            seed=seed,
+        )
         st.win_hidden = fill_cache(prefixes, cache)  # [B, W, D], hidden states of the last W positions
         st.win_tokens = self._window_tokens(prefixes)
         st.root = st.choose(self.target.head(st.win_hidden[:, -1]), st.lens_t)  # [B] first generated token
@@ -232,7 +241,9 @@ class Engine:
             raise UserError("fill='approx' needs prefixes of equal length (pass context=N)")
         longest = max(len(p) for p in prefixes) + self._growth(mode, max_new_tokens, budget) + 1
         if longest > self.target.config.max_seq_len:
-            raise UserError(f"prompt + generation ({longest} positions) exceeds max_seq_len {self.target.config.max_seq_len}")
+            raise UserError(
+                f"prompt + generation ({longest} positions) exceeds max_seq_len {self.target.config.max_seq_len}"
+            )
 
     def _growth(self, mode: str, max_new_tokens: int, budget: int) -> int:
         """Positions a request may need past its prefix. The batch steps until its slowest request
@@ -249,7 +260,13 @@ class Engine:
         positions = (start + torch.arange(q, device=self.device)).expand(b, q)
         lens = torch.full((b,), start, device=self.device)
         return self.target.forward(
-            tokens, cache, positions=positions, slots=positions, mask=verify_mask.causal_mask(lens, q), kv_len=start + q, uniform_start=start
+            tokens,
+            cache,
+            positions=positions,
+            slots=positions,
+            mask=verify_mask.causal_mask(lens, q),
+            kv_len=start + q,
+            uniform_start=start,
         )
 
     def _wanted(self, lengths: list[int]) -> torch.Tensor:
@@ -260,8 +277,8 @@ class Engine:
 
     @staticmethod
     def _collect(h, start: int, wanted, window):
-        """Copy the hidden states of positions ``wanted`` that the forward over [start, start + Q)
-        produced (h: [B, Q, D]) into ``window`` [B, W, D]."""
+        """Copy the hidden states of positions `wanted` that the forward over [start, start + Q)
+        produced (h: [B, Q, D]) into `window` [B, W, D]."""
         q = h.shape[1]
         inside = (wanted >= start) & (wanted < start + q)  # [B, W]
         got = h.gather(1, (wanted - start).clamp(0, q - 1)[:, :, None].expand(-1, -1, h.shape[2]))
@@ -273,7 +290,9 @@ class Engine:
         return torch.tensor(rows, device=self.device)
 
     def _empty_window(self, b: int):
-        return torch.zeros(b, self.drafter.config.window, self.target.config.d_model, device=self.device, dtype=self.dtype)
+        return torch.zeros(
+            b, self.drafter.config.window, self.target.config.d_model, device=self.device, dtype=self.dtype
+        )
 
     def _prefill(self, prefixes, cache):
         """Chunked prefill of right-padded prefixes; hidden states of each one's last W positions."""
@@ -313,7 +332,7 @@ class Engine:
 
     # --- one decode step -------------------------------------------------------------------------
 
-    def _spec_step(self, st: "_State", *, budget: int, tree: str, mask: str):
+    def _spec_step(self, st: _State, *, budget: int, tree: str, mask: str):
         b = len(st.lens)
         dev = self.device
         k = self.drafter.config.block
@@ -337,14 +356,22 @@ class Engine:
             with span("verify_forward"):
                 uniform = st.lens[0] if len(set(st.lens)) == 1 else None
                 h = self.target.forward(
-                    query_tokens, st.cache, positions=positions, slots=slots, mask=vm, kv_len=max(st.lens) + q, uniform_start=uniform
+                    query_tokens,
+                    st.cache,
+                    positions=positions,
+                    slots=slots,
+                    mask=vm,
+                    kv_len=max(st.lens) + q,
+                    uniform_start=uniform,
                 )  # [B, Q, D]
                 pred = st.choose(self.target.head(h), positions + 1)  # [B, Q] target's next token after each entry
                 moe = self.target.experts_touched()
             with span("accept"):
                 # A node matches when its token is the target's prediction at its parent; it is
                 # accepted when it and all its ancestors match (the root always does).
-                match = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=dev), nodes == pred.gather(1, t.parents + 1)], 1)
+                match = torch.cat(
+                    [torch.ones(b, 1, dtype=torch.bool, device=dev), nodes == pred.gather(1, t.parents + 1)], 1
+                )
                 accepted = ~(vm.block & ~match[:, None, :]).any(-1)  # [B, Q]
                 n_acc, last = torch.where(accepted, depth, -1).max(1)  # [B]: nodes accepted, deepest entry
                 bonus = pred.gather(1, last[:, None])[:, 0]
@@ -372,19 +399,26 @@ class Engine:
                 keep = (n_acc + 1)[:, None] + torch.arange(w, device=dev)  # [B, W]
                 st.win_tokens = torch.cat([st.win_tokens, path_tokens], 1).gather(1, keep)
                 path_h = h.gather(1, path[:, :, None].expand(-1, -1, h.shape[2]))  # [B, K + 1, D]
-                st.win_hidden = torch.cat([st.win_hidden, path_h], 1).gather(1, keep[:, :, None].expand(-1, -1, h.shape[2]))
+                st.win_hidden = torch.cat([st.win_hidden, path_h], 1).gather(
+                    1, keep[:, :, None].expand(-1, -1, h.shape[2])
+                )
                 st.lens_t += 1 + n_acc
                 st.root = bonus
 
-    def _ar_step(self, st: "_State", *, budget: int, tree: str, mask: str):
+    def _ar_step(self, st: _State, *, budget: int, tree: str, mask: str):
         b = len(st.lens)
         with span(STEP):
             with span("verify_forward"):
                 uniform = st.lens[0] if len(set(st.lens)) == 1 else None
                 pos = st.lens_t[:, None]
                 h = self.target.forward(
-                    st.root[:, None], st.cache, positions=pos, slots=pos, mask=verify_mask.causal_mask(st.lens_t, 1),
-                    kv_len=max(st.lens) + 1, uniform_start=uniform,
+                    st.root[:, None],
+                    st.cache,
+                    positions=pos,
+                    slots=pos,
+                    mask=verify_mask.causal_mask(st.lens_t, 1),
+                    kv_len=max(st.lens) + 1,
+                    uniform_start=uniform,
                 )
                 nxt = st.choose(self.target.head(h[:, 0]), st.lens_t + 1)  # [B]
                 moe = self.target.experts_touched()
@@ -419,5 +453,5 @@ class _State:
     seed: int = 0
 
     def choose(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The target's token for each position (``perfkit.engine.sampling.choose``)."""
+        """The target's token for each position (`perfkit.engine.sampling.choose`)."""
         return choose(logits, positions, temperature=self.temperature, seed=self.seed)

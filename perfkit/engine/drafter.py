@@ -1,9 +1,9 @@
-"""The block drafter: one forward proposes token distributions for the next ``block`` positions.
+"""The block drafter: one forward proposes token distributions for the next `block` positions.
 
 DFlash/Medusa style. It is conditioned on the root token and on a short window of recent context:
-the last ``window`` committed tokens with the target's final hidden state at each, the newest of
+the last `window` committed tokens with the target's final hidden state at each, the newest of
 which is the state that predicted the root (the window is what lets it continue a pattern it has
-just seen, such as an identifier or an indentation run). ``block``
+just seen, such as an identifier or an indentation run). `block`
 learned slot embeddings go through a few small transformer layers whose attention sees the window
 and the other slots; slot k predicts the token k positions after the root. No autoregression
 inside the drafter: one small forward per decode step, a fraction of the target's verify forward.
@@ -42,7 +42,11 @@ class DrafterConfig:
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            ok = value > 0 if f.name == "norm_eps" else isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            ok = (
+                value > 0
+                if f.name == "norm_eps"
+                else isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            )
             if not ok:
                 raise UserError(f"DrafterConfig.{f.name} must be positive, got {value!r}")
         if self.d_model % self.n_heads:
@@ -52,7 +56,7 @@ class DrafterConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "DrafterConfig":
+    def from_dict(cls, data: dict) -> DrafterConfig:
         return config_from_dict(cls, data)
 
 
@@ -100,7 +104,7 @@ class BlockDrafter(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02)
 
     def forward(self, root, window_tokens, window_hidden):
-        """Logits [B, K, V] for the K positions after ``root`` [B].
+        """Logits [B, K, V] for the K positions after `root` [B].
 
         window_tokens [B, W] and window_hidden [B, W, T]: the last W committed tokens, oldest
         first, and the target's final hidden state at each (zeros where the context is shorter

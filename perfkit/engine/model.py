@@ -1,10 +1,10 @@
 """The target model: a small decoder-only transformer, readable top to bottom.
 
 RMSNorm, rotary positions (RoPE), grouped-query attention and a SwiGLU feed-forward, or a top-k
-routed mixture of SwiGLU experts (MoE) when ``n_experts > 0``. Inference goes through one
+routed mixture of SwiGLU experts (MoE) when `n_experts > 0`. Inference goes through one
 preallocated KV cache written at explicit slots, so prefill chunks, autoregressive steps and tree
 verification are the same forward with different (tokens, positions, slots, mask). Training uses
-``forward_sequence`` (plain causal attention, no cache).
+`forward_sequence` (plain causal attention, no cache).
 
 Shapes: B batch, Q new tokens per forward, S attended cache length, D d_model, H query heads,
 G kv heads, E head_dim.
@@ -60,7 +60,8 @@ class ModelConfig:
             raise UserError(f"head_dim must be even for rotary positions, got {self.head_dim}")
         if (self.n_experts == 0) != (self.top_k == 0) or self.top_k > self.n_experts:
             raise UserError(
-                f"MoE needs 0 < top_k <= n_experts (or both 0 for dense), got n_experts={self.n_experts} top_k={self.top_k}"
+                "MoE needs 0 < top_k <= n_experts (or both 0 for dense), "
+                f"got n_experts={self.n_experts} top_k={self.top_k}"
             )
 
     @property
@@ -71,7 +72,7 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelConfig":
+    def from_dict(cls, data: dict) -> ModelConfig:
         return config_from_dict(cls, data)
 
 
@@ -103,7 +104,7 @@ def rope_table(n: int, head_dim: int, base: float, device) -> tuple[torch.Tensor
 
 
 def apply_rope(x, cos, sin):
-    """x: [B, Q, heads, E]; cos, sin: [B, Q, E] from ``rope_table``. Rotates the two halves of each
+    """x: [B, Q, heads, E]; cos, sin: [B, Q, E] from `rope_table`. Rotates the two halves of each
     head: (x1 cos - x2 sin, x2 cos + x1 sin), computed in fp32."""
     x32 = x.float()
     half = x32.shape[-1] // 2
@@ -114,7 +115,7 @@ def apply_rope(x, cos, sin):
 class KVCache:
     """Keys and values of every layer in one preallocated tensor, written at explicit slots.
 
-    ``kv``: [n_layers, 2, B, G, capacity, E]. Slot s of request b holds the token at cache
+    `kv`: [n_layers, 2, B, G, capacity, E]. Slot s of request b holds the token at cache
     position s; what lies beyond a request's committed length is scratch (tree nodes under
     verification) and is never attended unless the mask allows it.
     """
@@ -162,7 +163,7 @@ class Attention(nn.Module):
         return xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2)  # [B, H|G, Q, E]
 
     def forward_cached(self, x, cos, sin, cache: KVCache, layer: int, slots, uniform_start, bias, kv_len: int):
-        """x: [B, Q, D]; attends cache slots [0, kv_len) under the additive ``bias`` [B, 1, Q, kv_len]."""
+        """x: [B, Q, D]; attends cache slots [0, kv_len) under the additive `bias` [B, 1, Q, kv_len]."""
         b, q, _ = x.shape
         xq, xk, xv = self._project(x, cos, sin)
         cache.write(layer, xk, xv, slots, uniform_start)
@@ -191,7 +192,7 @@ class SwiGLU(nn.Module):
 
 
 class MoE(nn.Module):
-    """Top-k routed SwiGLU experts. ``touched`` holds, after each forward, the number of distinct
+    """Top-k routed SwiGLU experts. `touched` holds, after each forward, the number of distinct
     experts the forward's tokens were routed to (a 0-d tensor: reading it is the caller's sync)."""
 
     def __init__(self, config: ModelConfig):
@@ -280,7 +281,9 @@ class Transformer(nn.Module):
         bias = mask_bias(mask, kv_len, self.embed.weight.dtype, uniform_start=uniform_start)  # [B, 1, Q, S], all layers
         x = self.embed(tokens)  # [B, Q, D]
         for i, block in enumerate(self.blocks):
-            x = x + block.attn.forward_cached(block.attn_norm(x), cos, sin, cache, i, slots, uniform_start, bias, kv_len)
+            x = x + block.attn.forward_cached(
+                block.attn_norm(x), cos, sin, cache, i, slots, uniform_start, bias, kv_len
+            )
             x = x + block.ffn(block.ffn_norm(x))
         return self.norm(x)
 

@@ -2,7 +2,7 @@
 
     choose(logits, positions, *, temperature, seed) -> tokens
 
-    logits:    [B, ..., V] the target's logits for the token that goes to ``positions``
+    logits:    [B, ..., V] the target's logits for the token that goes to `positions`
     positions: [B, ...] int64, the absolute position each chosen token will occupy
     temperature 0 is argmax. Above 0 it is a sample from softmax(logits / temperature), drawn as
     argmax(logits / temperature + Gumbel noise) where the noise is a hash of (seed, request,
@@ -35,7 +35,7 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def _mix32_int(x: int) -> int:
-    """``_mix32`` of one Python int (the request keys are made on the host)."""
+    """`_mix32` of one Python int (the request keys are made on the host)."""
     x &= _MASK32
     x = ((x ^ (x >> 16)) * 0x7FEB352D) & _MASK32
     x = ((x ^ (x >> 15)) * 0x31848BAB) & _MASK32

@@ -49,7 +49,14 @@ TARGET = ModelConfig(
     vocab_size=data.VOCAB_SIZE, d_model=192, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=48, d_ff=512
 )
 DRAFTER = DrafterConfig(
-    vocab_size=data.VOCAB_SIZE, target_d_model=TARGET.d_model, d_model=128, n_layers=2, n_heads=4, d_ff=384, block=8, window=32
+    vocab_size=data.VOCAB_SIZE,
+    target_d_model=TARGET.d_model,
+    d_model=128,
+    n_layers=2,
+    n_heads=4,
+    d_ff=384,
+    block=8,
+    window=32,
 )
 
 
@@ -79,12 +86,31 @@ class Settings:
 
 
 QUICK = Settings(
-    seq_len=256, target_steps=20, rollout_batch=32, rollout_prompts=(64, 300), rollout_batches=2, rollout_len=24,
-    drafter_steps=20, eval_windows=8, eval_rollouts=32, log_every=10,
+    seq_len=256,
+    target_steps=20,
+    rollout_batch=32,
+    rollout_prompts=(64, 300),
+    rollout_batches=2,
+    rollout_len=24,
+    drafter_steps=20,
+    eval_windows=8,
+    eval_rollouts=32,
+    log_every=10,
 )
 TINY = Settings(  # for tests: seconds, useless weights
-    seq_len=32, target_batch=2, target_steps=2, warmup=1, rollout_batch=4, rollout_prompts=(40,), rollout_batches=1,
-    rollout_len=12, drafter_batch=8, drafter_steps=2, eval_windows=2, eval_rollouts=4, log_every=1,
+    seq_len=32,
+    target_batch=2,
+    target_steps=2,
+    warmup=1,
+    rollout_batch=4,
+    rollout_prompts=(40,),
+    rollout_batches=1,
+    rollout_len=12,
+    drafter_batch=8,
+    drafter_steps=2,
+    eval_windows=2,
+    eval_rollouts=4,
+    log_every=1,
 )
 
 
@@ -157,7 +183,10 @@ def train_target(settings: Settings, text: torch.Tensor, held: torch.Tensor, log
             if (step + 1) % (settings.log_every * 4) == 0 or step + 1 == settings.target_steps:
                 point["heldout"] = {k: round(v, 4) for k, v in evaluate_target(target, held[:16]).items()}
             curve.append(point)
-            log(f"target step {step + 1}/{settings.target_steps} loss {loss.item():.3f} ({point['wall_s']}s) {point.get('heldout', '')}")
+            log(
+                f"target step {step + 1}/{settings.target_steps} loss "
+                f"{loss.item():.3f} ({point['wall_s']}s) {point.get('heldout', '')}"
+            )
     target.eval()
     return target, curve
 
@@ -200,7 +229,11 @@ def rollouts(target: Transformer, prompts: torch.Tensor, length: int) -> tuple[t
     cache = KVCache(TARGET, batch=b, capacity=p + length, device="cpu", dtype=torch.float32)
     zeros = torch.zeros(b, dtype=torch.int64)
     positions = torch.arange(p).expand(b, p)
-    states = [target.forward(prompts, cache, positions=positions, slots=positions, mask=causal_mask(zeros, p), kv_len=p, uniform_start=0)]
+    states = [
+        target.forward(
+            prompts, cache, positions=positions, slots=positions, mask=causal_mask(zeros, p), kv_len=p, uniform_start=0
+        )
+    ]
     tokens = [prompts]
     last = states[0][:, -1]  # [B, D] predicts the first generated token
     for j in range(length):
@@ -208,7 +241,15 @@ def rollouts(target: Transformer, prompts: torch.Tensor, length: int) -> tuple[t
         tokens.append(nxt[:, None])
         pos = torch.full((b, 1), p + j)
         states.append(
-            target.forward(nxt[:, None], cache, positions=pos, slots=pos, mask=causal_mask(zeros + p + j, 1), kv_len=p + j + 1, uniform_start=p + j)
+            target.forward(
+                nxt[:, None],
+                cache,
+                positions=pos,
+                slots=pos,
+                mask=causal_mask(zeros + p + j, 1),
+                kv_len=p + j + 1,
+                uniform_start=p + j,
+            )
         )
         last = states[-1][:, -1]
     return torch.cat(tokens, 1), torch.cat(states, 1)
@@ -264,12 +305,17 @@ def train_drafter(settings: Settings, roll: Rollouts, held: Rollouts, log) -> tu
             if (step + 1) % (settings.log_every * 4) == 0 or step + 1 == settings.drafter_steps:
                 point["heldout"] = evaluate_drafter(drafter, held, limit=2048)
             curve.append(point)
-            log(f"drafter step {step + 1}/{settings.drafter_steps} loss {loss.item():.3f} ({point['wall_s']}s) {point.get('heldout', '')}")
+            log(
+                f"drafter step {step + 1}/{settings.drafter_steps} loss "
+                f"{loss.item():.3f} ({point['wall_s']}s) {point.get('heldout', '')}"
+            )
     drafter.eval()
     return drafter, curve
 
 
-def collect_rollouts(target: Transformer, text: torch.Tensor, settings: Settings, batches: int, batch: int, seed: int, log) -> Rollouts:
+def collect_rollouts(
+    target: Transformer, text: torch.Tensor, settings: Settings, batches: int, batch: int, seed: int, log
+) -> Rollouts:
     """`batches` batches of greedy rollouts, prompt lengths cycling through `rollout_prompts`
     (long prompts put the drafter's examples at the positions long contexts reach)."""
     gen = torch.Generator().manual_seed(seed)
@@ -334,7 +380,9 @@ def _reuse_stage_one(settings: Settings, out: Path, log) -> tuple[Transformer, d
     return target.eval(), previous["target"]
 
 
-def train(settings: Settings = Settings(), *, out_dir: str | Path = CHECKPOINT_DIR, log=print, reuse_target: bool = False) -> dict:
+def train(
+    settings: Settings = Settings(), *, out_dir: str | Path = CHECKPOINT_DIR, log=print, reuse_target: bool = False
+) -> dict:
     """Train both models, write `target.safetensors`, `drafter.safetensors` and `train_log.json`.
 
     `reuse_target`: skip stage 1 and take the target this script already wrote to `out_dir`
@@ -352,7 +400,9 @@ def train(settings: Settings = Settings(), *, out_dir: str | Path = CHECKPOINT_D
         target, target_section = _stage_one(settings, out, text, held, log)
 
     t1 = time.perf_counter()
-    roll = collect_rollouts(target, text, settings, settings.rollout_batches, settings.rollout_batch, settings.seed + 4, log)
+    roll = collect_rollouts(
+        target, text, settings, settings.rollout_batches, settings.rollout_batch, settings.seed + 4, log
+    )
     held_roll = collect_rollouts(target, held_text, settings, 1, settings.eval_rollouts, settings.seed + 5, log)
     rollout_s = time.perf_counter() - t1
 
@@ -384,7 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few steps of each stage (smoke test, useless weights)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default 1, see Settings)")
     parser.add_argument(
-        "--reuse-target", action="store_true", help="keep the target a previous run wrote to --out (same settings); train the drafter only"
+        "--reuse-target",
+        action="store_true",
+        help="keep the target a previous run wrote to --out (same settings); train the drafter only",
     )
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else Settings()

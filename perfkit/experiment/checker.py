@@ -29,7 +29,9 @@ class Located:
             problem = getattr(exc, "problem", None) or str(exc)
             raise RecordError(f"not valid YAML: {problem}", path=path, line=line) from None
         if node is None:
-            raise RecordError("empty file; expected a mapping with id, claim, rationale, expect, probe", path=path, line=1)
+            raise RecordError(
+                "empty file; expected a mapping with id, claim, rationale, expect, probe", path=path, line=1
+            )
         self.data = self._walk(node, ())
 
     def _walk(self, node, where: tuple):
@@ -70,8 +72,15 @@ class Located:
 
 
 def type_name(value: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
-            dict: "a mapping", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a mapping",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def is_number(value: Any) -> bool:
@@ -110,7 +119,9 @@ class Checker:
                 self.fail(where + (key,), f"keys must be strings, got {type_name(key)}")
         return value
 
-    def string(self, mapping: dict, key: str, where: tuple, *, pattern: re.Pattern | None = None, what: str = "") -> str | None:
+    def string(
+        self, mapping: dict, key: str, where: tuple, *, pattern: re.Pattern | None = None, what: str = ""
+    ) -> str | None:
         if key not in mapping:
             return None
         value = mapping[key]
@@ -122,7 +133,9 @@ class Checker:
             return None
         return value
 
-    def number(self, mapping: dict, key: str, where: tuple, *, positive: bool = False, at_least: float | None = None) -> float | None:
+    def number(
+        self, mapping: dict, key: str, where: tuple, *, positive: bool = False, at_least: float | None = None
+    ) -> float | None:
         if key not in mapping:
             return None
         value = mapping[key]
@@ -137,10 +150,18 @@ class Checker:
             return None
         return float(value)
 
+    def integer(self, mapping: dict, key: str, where: tuple, *, low: int, high: int | None = None) -> int | None:
+        if key not in mapping:
+            return None
+        value = mapping[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+            wanted = f"an integer from {low} to {high}" if high is not None else f"an integer >= {low}"
+            self.fail(where + (key,), f"expected {wanted}, got {value!r}")
+            return None
+        return value
+
 
 def check_scalars(checker: Checker, mapping: dict, where: tuple) -> None:
     for key, value in mapping.items():
         if not isinstance(value, (str, int, float, bool)):
             checker.fail(where + (key,), f"expected a number, string or boolean, got {type_name(value)}")
-
-

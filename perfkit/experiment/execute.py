@@ -16,9 +16,8 @@ import sys
 import threading
 import time
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from perfkit.experiment.results import Execution
 from perfkit.files import Reader, write_atomic
@@ -52,7 +51,7 @@ def _epoch(stamp: str | None) -> float | None:
         return None
     moment = datetime.fromisoformat(stamp)
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
 
 
@@ -157,7 +156,7 @@ def execute(
     env: dict[str, str] | None = None,
     extra: dict[str, object] | None = None,
 ) -> Execution:
-    """Execute `notebook` with the planned parameters into exec_dir/executed.ipynb; never raises for what the probe does.
+    """Execute `notebook` with the planned parameters into exec_dir/executed.ipynb; never raises for the probe.
 
     `extra` adds parameters the plan does not key on (the replicate index). Returns the planned
     execution, ended: its status, wall time, records and, when it did not end
@@ -169,10 +168,19 @@ def execute(
     outcome_path = output.with_name(output.stem + ".outcome.json")
     if outcome_path.exists():
         outcome_path.unlink()
-    write_atomic(spec_path, json.dumps({
-        "notebook": str(notebook), "output": str(output), "params": {**planned.params, **(extra or {})}, "cwd": str(cwd),
-        "outcome": str(outcome_path),
-    }, indent=1))
+    write_atomic(
+        spec_path,
+        json.dumps(
+            {
+                "notebook": str(notebook),
+                "output": str(output),
+                "params": {**planned.params, **(extra or {})},
+                "cwd": str(cwd),
+                "outcome": str(outcome_path),
+            },
+            indent=1,
+        ),
+    )
     child_env = dict(os.environ)
     child_env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(kernel_dir), os.environ.get("JUPYTER_PATH")) if p)
     child_env.pop("MPLBACKEND", None)  # let the kernel use its inline backend so figures land in the notebook
@@ -181,7 +189,10 @@ def execute(
     with open(output.with_name(output.stem + ".log"), "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "perfkit.experiment.execute", str(spec_path)],
-            stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_env,
+            start_new_session=True,
         )
         with _live_lock:
             _live.add(proc)
@@ -203,12 +214,21 @@ def execute(
     running = last_started_cell(nb) if nb is not None else None
     if timed_out:
         where = f"in {_cell_words(*running)}" if running else "before any cell ran (kernel start-up)"
-        return replace(ended, status="timeout", reason=f"timed out after {timeout_s:g} s {where}",
-                       cell_index=running[0] if running else None, records=records)
+        return replace(
+            ended,
+            status="timeout",
+            reason=f"timed out after {timeout_s:g} s {where}",
+            cell_index=running[0] if running else None,
+            records=records,
+        )
     try:
         told = json.loads(outcome_path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
-        told = {"status": "crashed", "ename": None, "evalue": f"the executor process exited with status {proc.returncode}"}
+        told = {
+            "status": "crashed",
+            "ename": None,
+            "evalue": f"the executor process exited with status {proc.returncode}",
+        }
     status = told["status"]
     if status == "ok":
         return replace(ended, status="ok", records=records)
@@ -223,8 +243,15 @@ def execute(
     else:
         index = None
         reason = f"{notebook.name}: {told.get('ename')}: {told.get('evalue')}"
-    return replace(ended, status=status, reason=reason, cell_index=index, ename=told.get("ename"),
-                   evalue=told.get("evalue"), records=records)
+    return replace(
+        ended,
+        status=status,
+        reason=reason,
+        cell_index=index,
+        ename=told.get("ename"),
+        evalue=told.get("evalue"),
+        records=records,
+    )
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -244,13 +271,25 @@ def _child(spec_path: str) -> int:
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     try:
         papermill.execute_notebook(
-            spec["notebook"], spec["output"], parameters=spec["params"], kernel_name=KERNEL_NAME, language="python",
-            cwd=spec["cwd"], progress_bar=False, start_timeout=120,
+            spec["notebook"],
+            spec["output"],
+            parameters=spec["params"],
+            kernel_name=KERNEL_NAME,
+            language="python",
+            cwd=spec["cwd"],
+            progress_bar=False,
+            start_timeout=120,
         )
         told = {"status": "ok"}
     except PapermillExecutionError as exc:
-        told = {"status": "error", "cell_index": exc.cell_index, "source": exc.source, "ename": exc.ename,
-                "evalue": exc.evalue, "traceback": _ANSI.sub("", "\n".join(exc.traceback))}
+        told = {
+            "status": "error",
+            "cell_index": exc.cell_index,
+            "source": exc.source,
+            "ename": exc.ename,
+            "evalue": exc.evalue,
+            "traceback": _ANSI.sub("", "\n".join(exc.traceback)),
+        }
     except DeadKernelError as exc:
         told = {"status": "crashed", "ename": "DeadKernelError", "evalue": str(exc)}
     except Exception as exc:  # the kernel would not start, the notebook is unreadable, ...: a failed probe, reported

@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from perfkit.errors import RecordError, UserError
 from perfkit.experiment.checker import Checker, Located, is_number, type_name
 from perfkit.experiment.kinds import KINDS, Expect, all_keys
@@ -145,7 +144,10 @@ def check_parameter(name: str, value: Any, declared: dict[str, dict]) -> str | N
     if expected is float and is_number(value):
         return None
     if type(value) is not expected:
-        return f"expected {type_name(expected())} like the notebook's default {declared[name]['default']}, got {type_name(value)} {value!r}"
+        return (
+            f"expected {type_name(expected())} like the notebook's default "
+            f"{declared[name]['default']}, got {type_name(value)} {value!r}"
+        )
     return None
 
 
@@ -187,14 +189,16 @@ def _check_probe(checker: Checker, raw: Any, project: Project, notebook_cache: d
     sweep = None
     if "sweep" in probe:
         sweep = _check_sweep(checker, probe["sweep"], declared)
-    replicates = probe.get("replicates")
-    if replicates is not None and (not isinstance(replicates, int) or isinstance(replicates, bool)
-                                   or not 1 <= replicates <= MAX_REPLICATES):
-        checker.fail(where + ("replicates",), f"expected an integer from 1 to {MAX_REPLICATES}, got {replicates!r}")
+    replicates = checker.integer(probe, "replicates", where, low=1, high=MAX_REPLICATES)
     if len(checker.errors) > errors_before:
         return None
-    return Probe(notebook=notebook, params=dict(blocks.get("params", {})), quick=dict(blocks.get("quick", {})),
-                 sweep=sweep, replicates=replicates)
+    return Probe(
+        notebook=notebook,
+        params=dict(blocks.get("params", {})),
+        quick=dict(blocks.get("quick", {})),
+        sweep=sweep,
+        replicates=replicates,
+    )
 
 
 def _check_sweep(checker: Checker, raw: Any, declared: dict | None) -> Sweep | None:
@@ -305,8 +309,14 @@ def load_hypotheses(project: Project | None = None, ids: list[str] | None = None
             errors.extend(exc.errors)
             continue
         if hypothesis.id in found:
-            errors.append(RecordError(f"duplicate id; also in {project.relative(found[hypothesis.id].path)}",
-                                      path=project.relative(path), line=1, field="id"))
+            errors.append(
+                RecordError(
+                    f"duplicate id; also in {project.relative(found[hypothesis.id].path)}",
+                    path=project.relative(path),
+                    line=1,
+                    field="id",
+                )
+            )
             continue
         found[hypothesis.id] = hypothesis
     if errors:

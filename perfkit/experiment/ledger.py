@@ -66,8 +66,11 @@ def off_by_text(result: HypothesisResult) -> str | None:
 def render(all_results: list[RunResults]) -> str:
     """The ledger text. Depends on the results only: same results, same bytes."""
     entries = history(all_results)
-    lines = [HEADER, "| id | claim | expected | measured [95% interval] | verdict | off by | run | plot |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        HEADER,
+        "| id | claim | expected | measured [95% interval] | verdict | off by | run | plot |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for hid, runs in entries.items():
         latest = runs[-1]
         r = latest.result
@@ -82,7 +85,13 @@ def render(all_results: list[RunResults]) -> str:
         for hid, floor in floors:
             note = f": {floor.note}" if floor.note else ""
             lines.append(f"- `{hid}`: {floor.metric} = {units.format_quantity(floor.value, floor.unit)}{note}")
-    lines += ["", "## History", "", "Every verdict of every hypothesis, oldest first; **flip** marks a verdict that changed.", ""]
+    lines += [
+        "",
+        "## History",
+        "",
+        "Every verdict of every hypothesis, oldest first; **flip** marks a verdict that changed.",
+        "",
+    ]
     for hid, runs in entries.items():
         lines += [f"### `{hid}`", "", "| run | verdict | measured [95% interval] | note |", "|---|---|---|---|"]
         previous: Entry | None = None
@@ -96,7 +105,8 @@ def render(all_results: list[RunResults]) -> str:
             if entry.result.measured is None and entry.result.reason:
                 notes.append(entry.result.reason)
             lines.append(
-                f"| {entry.run_id} | {entry.result.verdict} | {_cell(measured_text(entry.result))} | {_cell('; '.join(notes)) if notes else ''} |"
+                f"| {entry.run_id} | {entry.result.verdict} | {_cell(measured_text(entry.result))} "
+                f"| {_cell('; '.join(notes)) if notes else ''} |"
             )
             previous = entry
         lines.append("")
@@ -128,7 +138,9 @@ def check(project: Project) -> tuple[list[str], list[str]]:
         if not runs:
             problems.append(f"{hid}: never judged; run `perfkit run {hid}`")
         elif runs[-1].result.hash != h.hash:
-            problems.append(f"{hid}: stale: {path} changed since its last verdict (run {runs[-1].run_id}); run `perfkit run {hid}`")
+            problems.append(
+                f"{hid}: stale: {path} changed since its last verdict (run {runs[-1].run_id}); run `perfkit run {hid}`"
+            )
     for hid, runs in entries.items():
         plot = runs[-1].result.plot
         if plot and not (project.ledger_dir / plot).is_file():
@@ -164,8 +176,10 @@ def describe(project: Project, hid: str) -> str:
         f"off by:   {off_by_text(r) or '—'}",
     ]
     if r.floor:
-        lines.append(f"floor:    {r.floor.metric} = {units.format_quantity(r.floor.value, r.floor.unit)}"
-                     + (f" ({r.floor.note})" if r.floor.note else ""))
+        lines.append(
+            f"floor:    {r.floor.metric} = {units.format_quantity(r.floor.value, r.floor.unit)}"
+            + (f" ({r.floor.note})" if r.floor.note else "")
+        )
     lines += [f"warning:  {w}" for w in r.warnings]
     if r.plot:
         lines.append(f"plot:     {project.relative(project.ledger_dir / r.plot)}")
@@ -173,22 +187,28 @@ def describe(project: Project, hid: str) -> str:
         lines += ["", "== evidence (mean [95% interval], n)"]
         for m in r.metrics:
             where = ", ".join(f"{k}={v}" for k, v in sorted((m.at or {}).items()))
-            value = (f"{units.format_quantity(m.mean, m.unit)} [{units.format_number(m.low)}, {units.format_number(m.high)}]"
-                     if m.mean is not None else "no usable samples")
-            lines.append(f"  {m.name}{f' [{where}]' if where else ''}: {value}, n={m.n}" + (f"  ({m.note})" if m.note else ""))
+            value = (
+                f"{units.format_quantity(m.mean, m.unit)} [{units.format_number(m.low)}, {units.format_number(m.high)}]"
+                if m.mean is not None
+                else "no usable samples"
+            )
+            lines.append(
+                f"  {m.name}{f' [{where}]' if where else ''}: {value}, n={m.n}" + (f"  ({m.note})" if m.note else "")
+            )
     if r.executions:
         lines += ["", "== probe executions"]
         for x in r.executions:
             params = " ".join(f"{k}={v}" for k, v in sorted(x.params.items()))
             origin = f"reused from run {x.run_id}" if x.reused else f"run {x.run_id}"
             wall = f"{x.wall_s:.1f} s" if x.wall_s is not None else "not timed"
-            lines.append(f"  {x.notebook} {params}: {x.status}, {wall}, {origin} "
-                         f"(runs/{x.run_id}/executions/{x.key}/)")
+            lines.append(f"  {x.notebook} {params}: {x.status}, {wall}, {origin} (runs/{x.run_id}/executions/{x.key}/)")
     lines += ["", "== history"]
     previous = None
     for entry in runs:
         flip = flip_note(previous, entry.result.verdict)
-        lines.append(f"  {entry.run_id}  {entry.result.verdict:<13} {measured_text(entry.result) or entry.result.reason or ''}"
-                     + (f"  {flip}" if flip else ""))
+        lines.append(
+            f"  {entry.run_id}  {entry.result.verdict:<13} {measured_text(entry.result) or entry.result.reason or ''}"
+            + (f"  {flip}" if flip else "")
+        )
         previous = entry.result.verdict
     return "\n".join(lines) + "\n"

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -46,7 +47,12 @@ def source_tree_hash() -> str:
     digest = hashlib.sha256()
     for path in sorted(_PACKAGE.rglob("*")):
         parts = path.relative_to(_PACKAGE).parts
-        if "__pycache__" in parts or any(p.startswith(".") for p in parts) or path.suffix == ".pyc" or not path.is_file():
+        if (
+            "__pycache__" in parts
+            or any(p.startswith(".") for p in parts)
+            or path.suffix == ".pyc"
+            or not path.is_file()
+        ):
             continue
         digest.update(path.relative_to(_PACKAGE).as_posix().encode())
         digest.update(b"\0")
@@ -77,8 +83,9 @@ def execution_key(notebook_bytes: bytes, params: dict[str, Any], source_hash: st
     return digest.hexdigest()[:16]
 
 
-def _points(h: Hypothesis, params: dict[str, Any], *, quick: bool, overrides: dict[str, Any],
-            note: Callable[[str], None]) -> list[dict[str, Any]]:
+def _points(
+    h: Hypothesis, params: dict[str, Any], *, quick: bool, overrides: dict[str, Any], note: Callable[[str], None]
+) -> list[dict[str, Any]]:
     """The parameters of each execution one hypothesis needs (one per sweep value)."""
     sweep = h.probe.sweep
     if sweep is None:

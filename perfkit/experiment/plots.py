@@ -50,7 +50,9 @@ def log_if_spread(ax, values: list[float], axis: str) -> None:
 
 
 def _title(fig, h: Hypothesis, j: Judgement) -> None:
-    fig.suptitle(f"{h.id}: {j.verdict.value}", color=COLORS[j.verdict], fontsize=11, fontweight="bold", x=0.02, ha="left")
+    fig.suptitle(
+        f"{h.id}: {j.verdict.value}", color=COLORS[j.verdict], fontsize=11, fontweight="bold", x=0.02, ha="left"
+    )
     text = j.line() if j.measured is not None else (j.reason or "")
     fig.text(0.02, 0.885, wrap(text, 110), fontsize=7.5, ha="left", va="top", color="#333333")
 

@@ -23,9 +23,10 @@ Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from perfkit import units
 from perfkit.errors import RecordError
@@ -116,7 +117,10 @@ class Measured:
     def text(self) -> str:
         """'0.18 ms [0.16, 0.21]', 'share 2.47% [1.05, 4.17]': the one way a measured value is written."""
         label = "" if self.label == "mean" else f"{self.label} "
-        return f"{label}{units.format_quantity(self.value, self.unit)} [{units.format_number(self.low)}, {units.format_number(self.high)}]"
+        return (
+            f"{label}{units.format_quantity(self.value, self.unit)} "
+            f"[{units.format_number(self.low)}, {units.format_number(self.high)}]"
+        )
 
 
 @dataclass(frozen=True)
@@ -277,7 +281,9 @@ def _1_to_2(old: dict) -> dict:
 
 def _2_to_3(old: dict) -> dict:
     """Every earlier execution was one process: replicate 0, its fitness not judged."""
-    executions = [x for h in old.get("hypotheses", []) for x in h.get("executions", [])] if "hypotheses" in old else [old]
+    executions = (
+        [x for h in old.get("hypotheses", []) for x in h.get("executions", [])] if "hypotheses" in old else [old]
+    )
     for x in executions:
         if isinstance(x, dict):
             x.setdefault("replicate", 0)

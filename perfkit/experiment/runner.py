@@ -15,12 +15,13 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from perfkit import stats
 from perfkit.errors import UserError
@@ -29,12 +30,18 @@ from perfkit.experiment import ledger, plots
 from perfkit.experiment.hypothesis import MAX_REPLICATES, Hypothesis, load_hypotheses
 from perfkit.experiment.plan import REPLICATE_PARAM, Plan, parse_overrides, plan, source_tree_hash
 from perfkit.experiment.results import (
-    Execution, HypothesisResult, MetricSummary, RunResults, read_execution, write_execution, write_results,
+    Execution,
+    HypothesisResult,
+    MetricSummary,
+    RunResults,
+    read_execution,
+    write_execution,
+    write_results,
 )
 from perfkit.experiment.verdict import Judgement, Point, Verdict, effective_points, judge
-from perfkit.files import write_atomic, write_json
+from perfkit.files import dumps, write_atomic, write_json
 from perfkit.machine import fitness, snapshot, utilization
-from perfkit.paths import Project, git_state
+from perfkit.paths import Project
 
 __all__ = ["DEFAULT_TIMEOUT_S", "INJECTED_TAG", "PROFILERS", "RunOptions", "RunReport", "parse_overrides", "run"]
 
@@ -45,7 +52,8 @@ DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_REPLICATES = {"quick": 3, "full": 5}
 #: Format history of runs/<run-id>/manifest.json (`format_version`):
 #:   1: first format (with a top-level `git` beside the environment's).
-#:   2: the project's git state is recorded once, in `git`; statuses running | finished | interrupted.
+#:   2: the project's git state is recorded once, in `environment.perfkit.git`; statuses
+#:      running | finished | interrupted; `executions` in the one Execution shape.
 MANIFEST_VERSION = 2
 
 
@@ -126,7 +134,7 @@ class _Printer:
 def new_run_dir(project: Project) -> RunDir:
     """A run id that sorts by time and is claimed atomically (mkdir) against concurrent runs."""
     project.runs_dir.mkdir(parents=True, exist_ok=True)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     base = now.strftime("%Y%m%d-%H%M%S")
     for n in range(1, 1000):
         run_id = base if n == 1 else f"{base}-{n}"
@@ -147,18 +155,27 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _manifest(project: Project, run_dir: RunDir, hypotheses: list[Hypothesis], options: RunOptions,
-              source_hash: str) -> dict[str, Any]:
-    commit, dirty = git_state(project.root)
+def _manifest(
+    project: Project, run_dir: RunDir, hypotheses: list[Hypothesis], options: RunOptions, source_hash: str
+) -> dict[str, Any]:
     return {
-        "run_id": run_dir.run_id, "created": run_dir.created, "status": "running",
-        "command": options.command or " ".join(sys.argv), "cwd": os.getcwd(), "git": {"commit": commit, "dirty": dirty},
+        "run_id": run_dir.run_id,
+        "created": run_dir.created,
+        "status": "running",
+        "command": options.command or " ".join(sys.argv),
+        "cwd": os.getcwd(),
         "versions": {name: _version(name) for name in ("perfkit", "torch", "papermill", "nbclient", "numpy")}
         | {"python": platform.python_version()},
-        "options": {"quick": options.quick, "jobs": options.jobs, "timeout_s": options.timeout_s, "force": options.force,
-                    "profile": options.profile, "overrides": options.overrides,
-                    "replicates": options.replicates_default(),
-                    "hypotheses": [h.id for h in hypotheses]},
+        "options": {
+            "quick": options.quick,
+            "jobs": options.jobs,
+            "timeout_s": options.timeout_s,
+            "force": options.force,
+            "profile": options.profile,
+            "overrides": options.overrides,
+            "replicates": options.replicates_default(),
+            "hypotheses": [h.id for h in hypotheses],
+        },
         "perfkit_source": source_hash,
     }
 
@@ -180,7 +197,12 @@ def find_cached(project: Project, planned: Execution, current_run: str) -> Execu
         path = run_dir / "executions" / planned.id / "execution.json"
         if path.is_file():
             found = read_execution(path, project.relative(path))
-            if found.status == "ok" and found.key == planned.key and found.replicate == planned.replicate and not found.unfit:
+            if (
+                found.status == "ok"
+                and found.key == planned.key
+                and found.replicate == planned.replicate
+                and not found.unfit
+            ):
                 return found
     return None
 
@@ -201,8 +223,17 @@ def _profiled_notebook(source: Path, target: Path, trace_path: str) -> Path:
     return target
 
 
-def _execute_one(project: Project, run_dir: RunDir, planned: Execution, options: RunOptions, *, kernel_dir: Path,
-                 told: bool, tag: str, say: _Printer) -> Execution:
+def _execute_one(
+    project: Project,
+    run_dir: RunDir,
+    planned: Execution,
+    options: RunOptions,
+    *,
+    kernel_dir: Path,
+    told: bool,
+    tag: str,
+    say: _Printer,
+) -> Execution:
     exec_dir = run_dir.execution_dir(planned.id)
     exec_dir.mkdir(parents=True, exist_ok=True)
     notebook = project.notebooks_dir / planned.notebook
@@ -216,30 +247,61 @@ def _execute_one(project: Project, run_dir: RunDir, planned: Execution, options:
     say(f"{tag} start    {label}")
     sampler.start()
     try:
-        ended = executor.execute(planned, notebook=notebook, exec_dir=exec_dir, run_id=run_dir.run_id,
-                                 cwd=project.notebooks_dir, kernel_dir=kernel_dir, timeout_s=options.timeout_s, env=env,
-                                 extra={REPLICATE_PARAM: planned.replicate} if told else None)
+        ended = executor.execute(
+            planned,
+            notebook=notebook,
+            exec_dir=exec_dir,
+            run_id=run_dir.run_id,
+            cwd=project.notebooks_dir,
+            kernel_dir=kernel_dir,
+            timeout_s=options.timeout_s,
+            env=env,
+            extra={REPLICATE_PARAM: planned.replicate} if told else None,
+        )
     finally:
         trace_data = sampler.stop()
     ended = replace(ended, unfit=fitness.unfit(trace_data))
-    write_atomic(exec_dir / "utilization.json", json.dumps(trace_data, indent=1, default=str) + "\n")
+    write_atomic(exec_dir / "utilization.json", dumps(json.loads(json.dumps(trace_data, default=str))))
     nb = executor.read_notebook(exec_dir / "executed.ipynb")
     utilization.plot_trace(trace_data, exec_dir / "utilization.png", intervals=executor.cell_times(nb) if nb else [])
     write_execution(exec_dir / "execution.json", ended)
     detail = f"{len(ended.records)} records" if ended.status == "ok" else ended.reason
     status = "ok" if ended.status == "ok" else ended.status.upper()
-    say(f"{tag} finished {label}  {ended.wall_s:.1f} s  {status}: {detail}" + (f"  UNFIT: {ended.unfit}" if ended.unfit else ""))
+    say(
+        f"{tag} finished {label}  {ended.wall_s:.1f} s  {status}: {detail}"
+        + (f"  UNFIT: {ended.unfit}" if ended.unfit else "")
+    )
     return ended
 
 
-def _in_pool(project: Project, run_dir: RunDir, the_plan: Plan, options: RunOptions, batch: list[Execution],
-             say: _Printer, done: dict[str, Execution], *, kernel_dir: Path, first: int, total: int) -> None:
+def _in_pool(
+    project: Project,
+    run_dir: RunDir,
+    the_plan: Plan,
+    options: RunOptions,
+    batch: list[Execution],
+    say: _Printer,
+    done: dict[str, Execution],
+    *,
+    kernel_dir: Path,
+    first: int,
+    total: int,
+) -> None:
     """Execute one round's executions, `options.jobs` at a time, filling `done` as each ends."""
     pool = ThreadPoolExecutor(max_workers=options.jobs)
     try:
         futures = {
-            pool.submit(_execute_one, project, run_dir, x, options, kernel_dir=kernel_dir, told=x.key in the_plan.told,
-                        tag=f"[{first + i + 1}/{total}]", say=say): x
+            pool.submit(
+                _execute_one,
+                project,
+                run_dir,
+                x,
+                options,
+                kernel_dir=kernel_dir,
+                told=x.key in the_plan.told,
+                tag=f"[{first + i + 1}/{total}]",
+                say=say,
+            ): x
             for i, x in enumerate(batch)
         }
         for future, x in futures.items():
@@ -251,8 +313,9 @@ def _in_pool(project: Project, run_dir: RunDir, the_plan: Plan, options: RunOpti
     pool.shutdown()
 
 
-def execute(project: Project, run_dir: RunDir, the_plan: Plan, options: RunOptions, say: _Printer,
-            done: dict[str, Execution]) -> None:
+def execute(
+    project: Project, run_dir: RunDir, the_plan: Plan, options: RunOptions, say: _Printer, done: dict[str, Execution]
+) -> None:
     """Reuse or execute every replicate of every planned execution, filling `done` (id -> ended) as each ends.
 
     Replicates run in rounds (replicate 0 of every execution, then 1, ...), each round in an order
@@ -269,12 +332,17 @@ def execute(project: Project, run_dir: RunDir, the_plan: Plan, options: RunOptio
         write_execution(run_dir.execution_dir(planned.id) / "execution.json", reused)
         done[planned.id] = reused
     total = len(the_plan.replicated())
-    say(f"run {run_dir.run_id}: {len(the_plan.needs)} hypotheses, {len(the_plan.executions)} probe executions x "
+    say(
+        f"run {run_dir.run_id}: {len(the_plan.needs)} hypotheses, {len(the_plan.executions)} probe executions x "
         f"{'/'.join(str(n) for n in sorted(set(the_plan.replicates.values())))} replicates "
-        f"({len(to_run)} to execute, {total - len(to_run)} reused){' [quick]' if options.quick else ''}")
+        f"({len(to_run)} to execute, {total - len(to_run)} reused){' [quick]' if options.quick else ''}"
+    )
     for x in the_plan.replicated():
         if x.id in done:
-            say(f"[reused]  {x.label()} [replicate {x.replicate}]  from run {done[x.id].run_id} ({done[x.id].wall_s:.1f} s there)")
+            say(
+                f"[reused]  {x.label()} [replicate {x.replicate}]  from "
+                f"run {done[x.id].run_id} ({done[x.id].wall_s:.1f} s there)"
+            )
     if not to_run:
         return
     kernel_dir = executor.ensure_kernelspec(run_dir.path / "jupyter")
@@ -282,14 +350,26 @@ def execute(project: Project, run_dir: RunDir, the_plan: Plan, options: RunOptio
     for r in sorted({x.replicate for x in to_run}):
         batch = [x for x in to_run if x.replicate == r]
         random.Random(r).shuffle(batch)
-        _in_pool(project, run_dir, the_plan, options, batch, say, done, kernel_dir=kernel_dir, first=started,
-                 total=len(to_run))
+        _in_pool(
+            project,
+            run_dir,
+            the_plan,
+            options,
+            batch,
+            say,
+            done,
+            kernel_dir=kernel_dir,
+            first=started,
+            total=len(to_run),
+        )
         started += len(batch)
     retry = [x for x in to_run if done[x.id].unfit] if options.retry_unfit else []
     if retry:
         say(f"re-running {len(retry)} replicates measured while the machine was busy")
         again: dict[str, Execution] = {}
-        _in_pool(project, run_dir, the_plan, options, retry, say, again, kernel_dir=kernel_dir, first=0, total=len(retry))
+        _in_pool(
+            project, run_dir, the_plan, options, retry, say, again, kernel_dir=kernel_dir, first=0, total=len(retry)
+        )
         for x in retry:
             if not again[x.id].unfit or again[x.id].status != "ok":
                 done[x.id] = again[x.id]
@@ -308,8 +388,9 @@ def judge_all(hypotheses: list[Hypothesis], the_plan: Plan, done: dict[str, Exec
             points = effective_points(usable, sweep.param if sweep else None)
         except UserError:
             points = []  # the judgement says why (a unit mismatch is an error verdict)
-        out.append(Judged(hypothesis=h, judgement=judge(h, list(executions)), executions=executions,
-                          points=tuple(points)))
+        out.append(
+            Judged(hypothesis=h, judgement=judge(h, list(executions)), executions=executions, points=tuple(points))
+        )
     return out
 
 
@@ -326,18 +407,40 @@ def _summaries(judged: Judged) -> tuple[MetricSummary, ...]:
             est = stats.mean_estimate(point.replicates)
             mean, low, high, std = est.value, est.low, est.high, stats.summarize(values).std
             between = stats.between_share(point.replicates)
-        out.append(MetricSummary(name=point.name, unit=point.unit, at=point.at or None, n=len(values), mean=mean,
-                                 low=low, high=high, std=std, note=point.note, replicates=len(point.replicates),
-                                 between=between))
+        out.append(
+            MetricSummary(
+                name=point.name,
+                unit=point.unit,
+                at=point.at or None,
+                n=len(values),
+                mean=mean,
+                low=low,
+                high=high,
+                std=std,
+                note=point.note,
+                replicates=len(point.replicates),
+                between=between,
+            )
+        )
     return tuple(sorted(out, key=lambda m: (m.name, json.dumps(m.at, sort_keys=True, default=str))))
 
 
 def _result(judged: Judged) -> HypothesisResult:
     h, j = judged.hypothesis, judged.judgement
     return HypothesisResult(
-        id=h.id, hash=h.hash, claim=h.claim, kind=h.expect.kind, expected=j.expected, verdict=j.verdict.value,
-        reason=j.reason, measured=j.measured, off_by=j.off_by, floor=j.floor, plot=f"plots/{h.id}.png",
-        warnings=j.warnings, metrics=_summaries(judged),
+        id=h.id,
+        hash=h.hash,
+        claim=h.claim,
+        kind=h.expect.kind,
+        expected=j.expected,
+        verdict=j.verdict.value,
+        reason=j.reason,
+        measured=j.measured,
+        off_by=j.off_by,
+        floor=j.floor,
+        plot=f"plots/{h.id}.png",
+        warnings=j.warnings,
+        metrics=_summaries(judged),
         executions=tuple(replace(x, records=()) for x in judged.executions),
     )
 
@@ -345,8 +448,16 @@ def _result(judged: Judged) -> HypothesisResult:
 # ---------------------------------------------------------------- write
 
 
-def write(project: Project, run_dir: RunDir, judged: list[Judged], *, quick: bool, command: str,
-          git: tuple[str | None, bool | None], say: _Printer) -> tuple[RunResults, Path]:
+def write(
+    project: Project,
+    run_dir: RunDir,
+    judged: list[Judged],
+    *,
+    quick: bool,
+    command: str,
+    git: tuple[str | None, bool | None],
+    say: _Printer,
+) -> tuple[RunResults, Path]:
     """Plots (the run's and the ledger's), the compact results, then the ledger from all results."""
     for item in judged:
         h, j = item.hypothesis, item.judgement
@@ -355,8 +466,15 @@ def write(project: Project, run_dir: RunDir, judged: list[Judged], *, quick: boo
         say(f"{h.id:<32} {j.verdict.value:<13} {j.line()}")
         for warning in j.warnings:
             say(f"{'':<32}   warning: {warning}")
-    results = RunResults(run_id=run_dir.run_id, created=run_dir.created, command=command, quick=quick,
-                         git_commit=git[0], git_dirty=git[1], hypotheses=tuple(_result(item) for item in judged))
+    results = RunResults(
+        run_id=run_dir.run_id,
+        created=run_dir.created,
+        command=command,
+        quick=quick,
+        git_commit=git[0],
+        git_dirty=git[1],
+        hypotheses=tuple(_result(item) for item in judged),
+    )
     path = write_results(project, results)
     ledger.write(project)
     return results, path
@@ -384,20 +502,37 @@ def run(
     started = time.monotonic()
     if bool(ids) == bool(all_hypotheses):
         raise UserError("name the hypotheses to run, or pass --all (not both)")
-    options = RunOptions(quick=quick, jobs=jobs, overrides=dict(overrides or {}), timeout_s=timeout_s, force=force,
-                         profile=profile, command=command or " ".join(sys.argv), replicates=replicates)
+    options = RunOptions(
+        quick=quick,
+        jobs=jobs,
+        overrides=dict(overrides or {}),
+        timeout_s=timeout_s,
+        force=force,
+        profile=profile,
+        command=command or " ".join(sys.argv),
+        replicates=replicates,
+    )
     options.check()
     hypotheses = load_hypotheses(project, ids or None)
     if not hypotheses:
         raise UserError(f"no hypotheses in {project.relative(project.hypotheses_dir)}")
     say = _Printer(out)
     source_hash = source_tree_hash()
-    the_plan = plan(project, hypotheses, quick=quick, overrides=options.overrides, source_hash=source_hash,
-                    profile=profile, replicates=options.replicates_default(), note=say)
+    the_plan = plan(
+        project,
+        hypotheses,
+        quick=quick,
+        overrides=options.overrides,
+        source_hash=source_hash,
+        profile=profile,
+        replicates=options.replicates_default(),
+        note=say,
+    )
     run_dir = new_run_dir(project)
     manifest = _manifest(project, run_dir, hypotheses, options, source_hash)
     _write_manifest(run_dir, manifest)
-    manifest["environment"] = snapshot.snapshot()
+    manifest["environment"] = snapshot.snapshot(root=project.root)
+    git = manifest["environment"]["perfkit"]["git"]
     done: dict[str, Execution] = {}
     timings: dict[str, float] = {}
     try:
@@ -406,8 +541,15 @@ def run(
         timings["execute_s"] = round(time.monotonic() - t0, 3)
         judged = judge_all(hypotheses, the_plan, done)
         say("")
-        git = (manifest["git"]["commit"], manifest["git"]["dirty"])
-        results, results_file = write(project, run_dir, judged, quick=quick, command=options.command, git=git, say=say)
+        results, results_file = write(
+            project,
+            run_dir,
+            judged,
+            quick=quick,
+            command=options.command,
+            git=(git.get("commit"), git.get("dirty")),
+            say=say,
+        )
         manifest["status"] = "finished"
         manifest["verdicts"] = {item.hypothesis.id: item.judgement.verdict.value for item in judged}
     finally:
@@ -422,9 +564,20 @@ def run(
     judgements = {item.hypothesis.id: item.judgement for item in judged}
     counts = {v: sum(1 for j in judgements.values() if j.verdict == v) for v in Verdict}
     say("")
-    say(f"run {run_dir.run_id} finished in {wall:.1f} s: {executed} executed, {len(done) - executed} reused; "
-        + ", ".join(f"{n} {v.value}" for v, n in counts.items() if n))
-    say(f"results: {project.relative(results_file)}; ledger: {project.relative(project.ledger_path)}; "
-        f"evidence: {project.relative(run_dir.path)}/")
-    return RunReport(run_id=run_dir.run_id, results=results, executed=executed, reused=len(done) - executed,
-                     wall_s=wall, exit_code=1 if counts[Verdict.ERROR] else 0, judgements=judgements)
+    say(
+        f"run {run_dir.run_id} finished in {wall:.1f} s: {executed} executed, {len(done) - executed} reused; "
+        + ", ".join(f"{n} {v.value}" for v, n in counts.items() if n)
+    )
+    say(
+        f"results: {project.relative(results_file)}; ledger: {project.relative(project.ledger_path)}; "
+        f"evidence: {project.relative(run_dir.path)}/"
+    )
+    return RunReport(
+        run_id=run_dir.run_id,
+        results=results,
+        executed=executed,
+        reused=len(done) - executed,
+        wall_s=wall,
+        exit_code=1 if counts[Verdict.ERROR] else 0,
+        judgements=judgements,
+    )

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from enum import Enum
-from typing import Any
-
-from typing import TYPE_CHECKING
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
 from perfkit import units
 from perfkit.errors import UserError
@@ -23,7 +21,7 @@ if TYPE_CHECKING:
     from perfkit.experiment.hypothesis import Hypothesis
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     CONFIRMED = "confirmed"
     REFUTED = "refuted"
     INCONCLUSIVE = "inconclusive"
@@ -95,20 +93,24 @@ def effective_points(executions: list[Execution], sweep_param: str | None) -> li
             at = dict(record.at or {})
             if sweep_param is not None and sweep_param in execution.params:
                 at.setdefault(sweep_param, execution.params[sweep_param])
-            groups.setdefault((record.name, json.dumps(at, sort_keys=True, default=str)), []).append((execution, record, at))
+            groups.setdefault((record.name, json.dumps(at, sort_keys=True, default=str)), []).append(
+                (execution, record, at)
+            )
     points = []
     for entries in groups.values():
         _, first, at = entries[0]
-        points.append(Point(
-            name=first.name,
-            unit=first.unit,
-            at=at,
-            replicates=tuple(tuple(units.convert(list(r.samples), r.unit, first.unit)) for _, r, _ in entries),
-            note=first.note,
-            breakdown=first.breakdown,
-            records=len(entries),
-            duplicated=len(entries) != len({(x.key, x.replicate) for x, _, _ in entries}),
-        ))
+        points.append(
+            Point(
+                name=first.name,
+                unit=first.unit,
+                at=at,
+                replicates=tuple(tuple(units.convert(list(r.samples), r.unit, first.unit)) for _, r, _ in entries),
+                note=first.note,
+                breakdown=first.breakdown,
+                records=len(entries),
+                duplicated=len(entries) != len({(x.key, x.replicate) for x, _, _ in entries}),
+            )
+        )
     return points
 
 
@@ -134,8 +136,11 @@ def judge(hypothesis: Hypothesis, executions: list[Execution]) -> Judgement:
     expect = hypothesis.expect
     failed = [x for x in executions if x.status != "ok"]
     if failed:
-        return Judgement(verdict=Verdict.ERROR, reason="; ".join(dict.fromkeys(failure_reason(x) for x in failed)),
-                         expected=expect.expected())
+        return Judgement(
+            verdict=Verdict.ERROR,
+            reason="; ".join(dict.fromkeys(failure_reason(x) for x in failed)),
+            expected=expect.expected(),
+        )
     if not executions:
         return Judgement(verdict=Verdict.INCONCLUSIVE, reason="the probe was not executed", expected=expect.expected())
     usable, unfit, left_out = _fitness(executions)

@@ -4,7 +4,7 @@
     build_tree_vectorized(logprobs, budget) -> DraftTree  # batched torch, no per-node Python loop
 
     logprobs: [B, K, R] float, the drafter's top-R log-probabilities at each of K depths, sorted
-              non-increasing along R (as ``torch.topk(..., sorted=True)`` returns them), no NaN.
+              non-increasing along R (as `torch.topk(..., sorted=True)` returns them), no NaN.
               Node = a path of ranks (r_1, ..., r_d); its token at depth i is the rank-r_i token of
               depth i; its score is the cumulative log-prob l_1[r_1] + ... + l_d[r_d].
     budget:   N, nodes per request (root excluded); needs N <= R + R^2 + ... + R^K.
@@ -15,7 +15,7 @@
         scores  int64  cumulative log-prob in fixed point (units of 2**-20 nats)
 
 Scores are fixed point: each log-prob is clamped at -1024 and rounded to a multiple of 2**-20 nats
-(``fixed_point``), then summed exactly in integers. Both builders, on any device, therefore see the
+(`fixed_point`), then summed exactly in integers. Both builders, on any device, therefore see the
 same scores, whatever the summation order.
 
 The heap pops the best node, adds it to the tree, and pushes its next sibling (next rank, same
@@ -27,7 +27,7 @@ The vectorized builder computes the same order with a handful of batched selecti
 
 - Keys. Within a depth the heap's order is (-score, position of the parent in its depth, rank), so
   child r of the parent at position i of depth d - 1 gets the int64 key
-  ``(score << 24) - ((d << 18) + (i << b) + r)`` with 2**b >= R: larger is earlier, no two nodes
+  `(score << 24) - ((d << 18) + (i << b) + r)` with 2**b >= R: larger is earlier, no two nodes
   share a key, and the key alone gives back score, depth, parent position and rank (bit
   operations). The tree is the N largest keys, in descending order.
 - Candidates. A node can only be in the tree if the tree has room for what must precede it: child
@@ -36,13 +36,13 @@ The vectorized builder computes the same order with a handful of batched selecti
 - Lists. Depth d + 1 only has parents among the first L_d = (N - d + 1) // 2 nodes of depth d: the
   node at position j has a child only if the j + 1 nodes up to it each have one, and with their
   d - 1 ancestors that is 2 (j + 1) + d - 1 nodes. Each depth's list (those L_d in order, and the
-  best node left out) is one sorted ``topk`` over its candidates with (i+1)(r+1) <= L_d + 1, the
+  best node left out) is one sorted `topk` over its candidates with (i+1)(r+1) <= L_d + 1, the
   only ones that can be that far up; depth 1 is in order already, the last depth needs no list.
 - Final selection. Two depths cannot both hold more tree nodes than their lists (that would take
   more than N nodes), and if one does, it is the depth whose best left-out node is best. So the
   tree is the N best of every list, every candidate of that one depth and every candidate of the
   last depth: 625 keys at N = 64, K = 8, R = 64 instead of all 1,477 candidates. One sorted
-  ``topk`` of those is the pop order.
+  `topk` of those is the pop order.
 
 CPU selections are branchy (about 10 ns per element on unseen data), so the design minimises the
 elements that go through them, not the number of tensor operations; on the CPU the scratch buffers
@@ -112,8 +112,8 @@ def fixed_point(logprobs: torch.Tensor, *, scratch: tuple | None = None) -> torc
     """int64 log-probs in units of 2**-20 nats; the one rounding both builders share.
 
     Scaling by a power of two is exact in any float format, so rounding float32 (or float64)
-    inputs gives the same integers on every device. ``scratch``: a (float32, int64) pair of
-    buffers shaped like ``logprobs`` to compute into instead of allocating.
+    inputs gives the same integers on every device. `scratch`: a (float32, int64) pair of
+    buffers shaped like `logprobs` to compute into instead of allocating.
     """
     values = logprobs.detach().float()
     if scratch is None:
@@ -151,7 +151,9 @@ def build_tree_heap(logprobs: torch.Tensor, budget: int) -> DraftTree:
             t_depth.append(depth)
             t_score.append(score)
             if rank + 1 < r:
-                heapq.heappush(heap, (-(parent_score + rows[depth - 1][rank + 1]), depth, parent, rank + 1, parent_score))
+                heapq.heappush(
+                    heap, (-(parent_score + rows[depth - 1][rank + 1]), depth, parent, rank + 1, parent_score)
+                )
             if depth < k:
                 heapq.heappush(heap, (-(score + rows[depth][0]), depth + 1, index, 0, score))
         ranks.append(t_rank)
@@ -173,8 +175,8 @@ def build_tree_heap(logprobs: torch.Tensor, budget: int) -> DraftTree:
 @functools.lru_cache(maxsize=64)
 def _levels(budget: int, depth: int, ranks: int) -> tuple:
     """Per depth (plain Python, from the shapes only): its candidates (parent position i, rank r),
-    ordered so that those that can be among its first ``listed + 1`` nodes come first; how many
-    those are; ``listed`` = L_d, 0 for the last depth."""
+    ordered so that those that can be among its first `listed + 1` nodes come first; how many
+    those are; `listed` = L_d, 0 for the last depth."""
     out, parents = [], 1
     for d in range(1, depth + 1):
         room = budget - d + 2
@@ -190,22 +192,25 @@ def _levels(budget: int, depth: int, ranks: int) -> tuple:
 
 
 class _Plan:
-    """``_levels`` as device tensors, built once per (budget, depth, ranks, device).
+    """`_levels` as device tensors, built once per (budget, depth, ranks, device).
 
     The pool, the keys that the final selection looks at, has one section per listed depth (its
     list and one slot for its best node left out), then the spill (every candidate of one depth,
-    padded to the widest), then the last depth's candidates. ``shifted`` holds, per list entry,
+    padded to the widest), then the last depth's candidates. `shifted` holds, per list entry,
     its (score - 1) << 24 minus its tie-break as a parent, i << b; column 0 is 0 for depth 1.
-    A candidate's key is its rank term (``terms``) plus its parent's ``shifted`` entry.
+    A candidate's key is its rank term (`terms`) plus its parent's `shifted` entry.
     """
 
     def __init__(self, budget: int, depth: int, ranks: int, device):
         t = functools.partial(torch.tensor, dtype=torch.int64, device=device)
         levels = _levels(budget, depth, ranks)
         # Rank term of depth d (0-based), rank r: l << 24 minus (d + 1) << 18 and r; below depth 1
-        # it adds back the 1 << 24 lost by clearing the parent key's tie-break (see ``shifted``).
+        # it adds back the 1 << 24 lost by clearing the parent key's tie-break (see `shifted`).
         self.rank_tie = t(
-            [[((d + 1) << _DEPTH_SHIFT) + r - ((1 << _TIE_BITS) if d else 0) for r in range(ranks)] for d in range(depth)]
+            [
+                [((d + 1) << _DEPTH_SHIFT) + r - ((1 << _TIE_BITS) if d else 0) for r in range(ranks)]
+                for d in range(depth)
+            ]
         ).view(-1)
         starts, depth_of_column, near_ranks = [0], [], []
         # per listed depth: (parent columns in shifted or None, span of its near keys, L_d, topk size,
@@ -236,9 +241,13 @@ class _Plan:
         listed_levels = levels[: len(self.lists)]
         self.widest = w = max((len(c) for c, _, _ in listed_levels), default=0)
         pad = [[0] * (w - len(c)) for c, _, _ in listed_levels]
-        self.spill_ref = t([[1 + starts[d - 1] + i if d else 0 for i, _ in c] + pad[d] for d, (c, _, _) in enumerate(listed_levels)])
+        self.spill_ref = t(
+            [[1 + starts[d - 1] + i if d else 0 for i, _ in c] + pad[d] for d, (c, _, _) in enumerate(listed_levels)]
+        )
         self.spill_rank = t([[d * ranks + r for _, r in c] + pad[d] for d, (c, _, _) in enumerate(listed_levels)])
-        self.spill_pad = torch.tensor([[False] * len(c) + [True] * len(pad[d]) for d, (c, _, _) in enumerate(listed_levels)], device=device)
+        self.spill_pad = torch.tensor(
+            [[False] * len(c) + [True] * len(pad[d]) for d, (c, _, _) in enumerate(listed_levels)], device=device
+        )
         self.width = self.section + w + self.last[1].shape[0]
         self.nodes = torch.arange(budget, device=device)
 
@@ -282,13 +291,23 @@ class _Workspace:
         for ref, (lo, hi), listed, take, a in plan.lists:
             if ref is None:  # depth 1: its list is its first ranks, in order
                 self.candidate[:, :take] = torch.arange(take, device=device)
-            self.levels.append((
-                None if ref is None else ref.expand(b, -1), self.near[:, lo:hi],
-                self.pool[:, a : a + take], self.candidate[:, a : a + take],
-                self.pool[:, a : a + listed], self.shifted[:, 1 + a : 1 + a + listed], plan.parent_tie[a : a + listed],
-            ))
+            self.levels.append(
+                (
+                    None if ref is None else ref.expand(b, -1),
+                    self.near[:, lo:hi],
+                    self.pool[:, a : a + take],
+                    self.candidate[:, a : a + take],
+                    self.pool[:, a : a + listed],
+                    self.shifted[:, 1 + a : 1 + a + listed],
+                    plan.parent_tie[a : a + listed],
+                )
+            )
         ref, rank_index = plan.last
-        self.last = (None if ref is None else ref.expand(b, -1), rank_index.expand(b, -1), self.pool[:, plan.width - rank_index.shape[0] :])
+        self.last = (
+            None if ref is None else ref.expand(b, -1),
+            rank_index.expand(b, -1),
+            self.pool[:, plan.width - rank_index.shape[0] :],
+        )
         self.lists = self.pool[:, : plan.section]
         self.spill = self.pool[:, plan.section : plan.section + plan.widest]
         self.nodes = plan.nodes.expand(b, -1)
@@ -306,7 +325,7 @@ def _workspace(plan: _Plan, b: int, k: int, r: int, device) -> _Workspace:
 
 
 def build_tree_vectorized(logprobs: torch.Tensor, budget: int) -> DraftTree:
-    """Same trees as :func:`build_tree_heap`: a sorted top-k per depth for its list, then one over
+    """Same trees as `build_tree_heap`: a sorted top-k per depth for its list, then one over
     the lists, one spilled depth and the last depth, on the logprobs' device. No host
     synchronisation."""
     b, k, r = _check(logprobs, budget)

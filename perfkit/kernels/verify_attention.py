@@ -9,12 +9,12 @@
     Query i of request b sees slot s when s < L_b (prefix), or s = L_b + j with block entry (i, j)
     allowed; slots at or beyond L_b + Q are never seen.
 
-``dense_mask`` expands either layout into the same boolean mask, once per forward (every layer
-shares it); ``None`` means "everything visible" (one request, one query), which lets the attention
-kernel skip the mask. ``attention_bias`` turns it into the additive float mask the kernels run
+`dense_mask` expands either layout into the same boolean mask, once per forward (every layer
+shares it); `None` means "everything visible" (one request, one query), which lets the attention
+kernel skip the mask. `attention_bias` turns it into the additive float mask the kernels run
 fastest with (on CPUs about 1.7x faster than a boolean mask at 32k context). The expansion is
 O(B * Q * S), like the attention itself; what differs between the layouts is how much
-``prepare_for_verify`` had to build to get here.
+`prepare_for_verify` had to build to get here.
 """
 
 from __future__ import annotations
@@ -53,16 +53,18 @@ def dense_mask(mask: VerifyMask, kv_len: int) -> torch.Tensor | None:
 
 
 def attention_bias(dense: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """0 where visible, -inf elsewhere, in the attention's dtype (``None`` stays ``None``)."""
+    """0 where visible, -inf elsewhere, in the attention's dtype (`None` stays `None`)."""
     if dense is None:
         return None
     zero = torch.zeros((), dtype=dtype, device=dense.device)
     return torch.where(dense, zero, torch.tensor(float("-inf"), dtype=dtype, device=dense.device))
 
 
-def mask_bias(mask: VerifyMask, kv_len: int, dtype: torch.dtype, *, uniform_start: int | None = None) -> torch.Tensor | None:
-    """``attention_bias(dense_mask(mask, kv_len), dtype)``, with a shortcut for a compact mask
-    whose requests all start the block at ``uniform_start`` (= kv_len - Q): then the prefix columns
+def mask_bias(
+    mask: VerifyMask, kv_len: int, dtype: torch.dtype, *, uniform_start: int | None = None
+) -> torch.Tensor | None:
+    """`attention_bias(dense_mask(mask, kv_len), dtype)`, with a shortcut for a compact mask
+    whose requests all start the block at `uniform_start` (= kv_len - Q): then the prefix columns
     are all zero and only the Q x Q block is written."""
     b, q = mask.seq_lens.shape[0], mask.q_len
     if mask.kind != "compact" or uniform_start is None or uniform_start + q != kv_len:
@@ -75,10 +77,10 @@ def mask_bias(mask: VerifyMask, kv_len: int, dtype: torch.dtype, *, uniform_star
 
 
 def attend(q, keys, values, bias: torch.Tensor | None):
-    """SDPA with grouped-query heads; ``bias`` from :func:`attention_bias`."""
+    """SDPA with grouped-query heads; `bias` from `attention_bias`."""
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=True)
 
 
 def verify_attention(q, keys, values, mask: VerifyMask):
-    """Attention of the verify block over cache slots [0, S) under ``mask`` (either layout)."""
+    """Attention of the verify block over cache slots [0, S) under `mask` (either layout)."""
     return attend(q, keys, values, attention_bias(dense_mask(mask, keys.shape[2]), q.dtype))

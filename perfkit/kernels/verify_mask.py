@@ -6,20 +6,20 @@
     seq_lens:  [B] int64, committed cache length of each request (the tree's K/V go after it)
     tree:      the tree's ancestor information, either
                [B, N] int64 parents: parent node index of each node, -1 for children of the root,
-                   parents before children (a DraftTree's ``parents``), or
-               [B, Q, Q] bool: the tree's visibility block, ``ancestors(parents, max_depth)``,
+                   parents before children (a DraftTree's `parents`), or
+               [B, Q, Q] bool: the tree's visibility block, `ancestors(parents, max_depth)`,
                    which the engine computes once per step with the tree (tree_build phase)
     max_depth: int, the deepest a node can be (the drafter's block size); bounds the walk in
-               ``ancestors`` when parents are given
+               `ancestors` when parents are given
     The verify block is Q = N + 1 tokens: the root (the last committed-but-uncached token) at
     index 0, then node j at index j + 1. Query i may see every prefix slot, and block entry j when
     j is i or an ancestor of i.
 
 The naive builder is the one in SGLang's DFlash/DDTree path: a Python loop over requests with
-``seq_lens.tolist()``, ``torch.arange`` over each prefix, a Q x (prefix + Q) block per request,
+`seq_lens.tolist()`, `torch.arange` over each prefix, a Q x (prefix + Q) block per request,
 flattened row-major and concatenated: sum_b Q * (L_b + Q) booleans, growing with context.
 The compact builder keeps only the Q x Q block (the tree bias vLLM passes); the prefix stays
-implicit in seq_lens. ``perfkit.kernels.verify_attention`` consumes either and gives identical
+implicit in seq_lens. `perfkit.kernels.verify_attention` consumes either and gives identical
 attention outputs. Given the block, what the two builders add is exactly the context-sized part.
 """
 
@@ -29,15 +29,22 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["VerifyMask", "ancestors", "causal_mask", "prepare_for_verify_naive", "prepare_for_verify_compact", "BUILDERS"]
+__all__ = [
+    "VerifyMask",
+    "ancestors",
+    "causal_mask",
+    "prepare_for_verify_naive",
+    "prepare_for_verify_compact",
+    "BUILDERS",
+]
 
 
 @dataclass(frozen=True)
 class VerifyMask:
     """A verify mask in one of two layouts.
 
-    kind "compact": ``data`` [B, Q, Q] bool, block visibility; prefix implicit.
-    kind "naive": ``data`` [sum_b Q * (L_b + Q)] bool, per request Q rows of (L_b + Q) columns,
+    kind "compact": `data` [B, Q, Q] bool, block visibility; prefix implicit.
+    kind "naive": `data` [sum_b Q * (L_b + Q)] bool, per request Q rows of (L_b + Q) columns,
     row-major, requests concatenated.
     """
 
@@ -51,7 +58,7 @@ class VerifyMask:
 def ancestors(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     """[B, Q, Q] bool: block entry j visible to query i (j == i or j an ancestor of i), Q = N + 1.
 
-    Walks every node up one level per iteration, all nodes at once, at most ``max_depth`` - 1
+    Walks every node up one level per iteration, all nodes at once, at most `max_depth` - 1
     iterations (the root is visible to every entry from the start); on the CPU the walk stops as
     soon as every node has reached the root (on a GPU that check would be a sync, so it runs all).
     """

@@ -206,8 +206,9 @@ class _OtherWork:
         return round(min(1.0, max(0.0, others / elapsed)), 3) if elapsed > 0 else 0.0
 
 
-def measure(*, cpu: bool = True, cuda: bool = True, array_bytes: int | None = None,
-            warmup: int = 2, repeat: int = 10) -> Measurement:
+def measure(
+    *, cpu: bool = True, cuda: bool = True, array_bytes: int | None = None, warmup: int = 2, repeat: int = 10
+) -> Measurement:
     """Measure copy, triad and matmul now on the CPU and on every CUDA device (a few seconds)."""
     import torch
 
@@ -303,8 +304,10 @@ def describe(m: Measurement | dict) -> list[str]:
         m = Measurement.from_dict(m)
     lines = [r.text() for r in m.rates]
     if m.busy is not None and m.busy > BUSY:
-        lines.append(f"WARNING: other processes used {m.busy:.0%} of the CPUs while this was measured, so the "
-                     "figures may be low; rerun `perfkit env --refresh` on a quiet machine")
+        lines.append(
+            f"WARNING: other processes used {m.busy:.0%} of the CPUs while this was measured, so the "
+            "figures may be low; rerun `perfkit env --refresh` on a quiet machine"
+        )
     if m.cached:
         lines.append(f"(cached {m.measured_at} in {m.path}; `perfkit env --refresh` remeasures)")
     else:

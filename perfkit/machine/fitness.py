@@ -35,6 +35,7 @@ def unfit(trace: dict | None) -> str | None:
     mean = sum(load) / len(load)
     episode = sum(1 for x in load if x > 1.0) / len(load)
     if mean > FOREIGN_CORES or episode > EPISODE_SHARE:
-        return (f"machine busy: {mean:.1f} cores used by other processes on average"
-                + (f", more than one core {episode:.0%} of the time" if episode > EPISODE_SHARE else ""))
+        return f"machine busy: {mean:.1f} cores used by other processes on average" + (
+            f", more than one core {episode:.0%} of the time" if episode > EPISODE_SHARE else ""
+        )
     return None

@@ -86,7 +86,9 @@ def kernel_timings(torch) -> list[dict]:
     rows = []
     for name, fn, flops, nbytes in cases:
         t = time_three_ways(fn)
-        t.update(kernel=name, tflops=flops / (t["events_ms"] * 1e-3) / 1e12, gbps=nbytes / (t["events_ms"] * 1e-3) / 1e9)
+        t.update(
+            kernel=name, tflops=flops / (t["events_ms"] * 1e-3) / 1e12, gbps=nbytes / (t["events_ms"] * 1e-3) / 1e9
+        )
         rows.append(t)
     return rows
 
@@ -124,8 +126,12 @@ def nvtx_check(cuda, *, work=None) -> dict:
     from perfkit.probe import spans
 
     if not cuda.is_available():
-        return {"ok": False, "pushed": [], "popped": 0,
-                "note": "CUDA absent: spans time with the host clock and emit no NVTX ranges"}
+        return {
+            "ok": False,
+            "pushed": [],
+            "popped": 0,
+            "note": "CUDA absent: spans time with the host clock and emit no NVTX ranges",
+        }
     cuda.init()  # spans switch to CUDA events and NVTX once CUDA is initialised
     if work is None:
         import torch
@@ -158,7 +164,8 @@ def nvtx_check(cuda, *, work=None) -> dict:
         "pushed": pushed,
         "popped": popped[0],
         "note": "spans emit NVTX ranges: `nsys profile -t cuda,nvtx` shows the phases by name"
-        if ok else f"spans did not emit the expected NVTX ranges (pushed {pushed}, popped {popped[0]})",
+        if ok
+        else f"spans did not emit the expected NVTX ranges (pushed {pushed}, popped {popped[0]})",
     }
 
 
@@ -201,13 +208,24 @@ def _timed_generate(engine, prompts, *, cuda: bool, **options):
 
     runs = []
     with capture() as cap:
-        (wall,) = bench(lambda: runs.append(engine.generate(prompts, **options)),
-                        warmup=0, repeat=1, sync="each" if cuda else "none")
+        (wall,) = bench(
+            lambda: runs.append(engine.generate(prompts, **options)),
+            warmup=0,
+            repeat=1,
+            sync="each" if cuda else "none",
+        )
     return runs[0], cap, wall
 
 
-def engine_check(*, device: str = "cuda", preset: str | None = None, context: int = 4096,
-                 new_tokens: int = 64, budget: int = 32, hardware=None) -> list[dict]:
+def engine_check(
+    *,
+    device: str = "cuda",
+    preset: str | None = None,
+    context: int = 4096,
+    new_tokens: int = 64,
+    budget: int = 32,
+    hardware=None,
+) -> list[dict]:
     """The bundled engine on `device` (bf16 on CUDA), spec and AR: per-phase time from perfkit
     spans (CUDA events on a GPU) against the synchronised wall clock, and the verify forward
     against its roofline floor on `hardware` (default: measured for that device)."""
@@ -225,33 +243,41 @@ def engine_check(*, device: str = "cuda", preset: str | None = None, context: in
     rows = []
     for mode in ("spec", "ar"):
         engine.generate(prompts, max_new_tokens=8, mode=mode, budget=budget, context=context)  # warm-up
-        result, cap, wall = _timed_generate(engine, prompts, cuda=cuda, max_new_tokens=new_tokens, mode=mode,
-                                            budget=budget, context=context)
+        result, cap, wall = _timed_generate(
+            engine, prompts, cuda=cuda, max_new_tokens=new_tokens, mode=mode, budget=budget, context=context
+        )
         steps = cap.steps()
         n = max(1, len(steps))
         per_step_ms = {k: 1e3 * sum(s.get(k, 0.0) for s in steps) / n for k in (STEP,) + BREAKDOWN}
         verify_floor = roofline.floor(
-            roofline.step_cost(engine.target_config, batch=1, context=context, q_tokens=budget if mode == "spec" else 1,
-                               dtype_bytes=2 if cuda else 4),
+            roofline.step_cost(
+                engine.target_config,
+                batch=1,
+                context=context,
+                q_tokens=budget if mode == "spec" else 1,
+                dtype_bytes=2 if cuda else 4,
+            ),
             hardware,
         )
         verify = cap.samples("verify_forward")
-        rows.append({
-            "mode": mode,
-            "device": device,
-            "preset": preset,
-            "context": context,
-            "steps": len(steps),
-            "decode_tok_s": result.decode_tok_s,
-            "mean_accept_length": result.mean_accept_length,
-            "wall_s_synchronised": wall,
-            "engine_decode_s": result.decode_s,
-            "spans_step_total_s": sum(s[STEP] for s in steps),
-            "per_step_ms": per_step_ms,
-            "verify_forward_ms": 1e3 * statistics.fmean(verify) if verify else math.nan,
-            "verify_floor_ms": verify_floor.seconds * 1e3,
-            "verify_floor_note": verify_floor.note(),
-        })
+        rows.append(
+            {
+                "mode": mode,
+                "device": device,
+                "preset": preset,
+                "context": context,
+                "steps": len(steps),
+                "decode_tok_s": result.decode_tok_s,
+                "mean_accept_length": result.mean_accept_length,
+                "wall_s_synchronised": wall,
+                "engine_decode_s": result.decode_s,
+                "spans_step_total_s": sum(s[STEP] for s in steps),
+                "per_step_ms": per_step_ms,
+                "verify_forward_ms": 1e3 * statistics.fmean(verify) if verify else math.nan,
+                "verify_floor_ms": verify_floor.seconds * 1e3,
+                "verify_floor_note": verify_floor.note(),
+            }
+        )
     return rows
 
 
@@ -264,30 +290,40 @@ def findings(report: dict) -> list[str]:
     for k in report.get("kernels", {}).get("value", []) or []:
         ev, nosync, sync = k["events_ms"], k["wall_nosync_ms"], k["wall_sync_ms"]
         if nosync < 0.5 * ev:
-            out.append(f"{k['kernel']}: host clock without sync says {nosync:.4g} ms, {ev / nosync:.1f}x below the "
-                       f"kernel's {ev:.4g} ms (it times the launch, not the work)")
+            out.append(
+                f"{k['kernel']}: host clock without sync says {nosync:.4g} ms, {ev / nosync:.1f}x below the "
+                f"kernel's {ev:.4g} ms (it times the launch, not the work)"
+            )
         if sync > 1.5 * ev:
-            out.append(f"{k['kernel']}: a sync per call says {sync:.4g} ms, {sync / ev:.1f}x the kernel's {ev:.4g} ms "
-                       f"(launch + sync latency dominates)")
+            out.append(
+                f"{k['kernel']}: a sync per call says {sync:.4g} ms, {sync / ev:.1f}x the kernel's {ev:.4g} ms "
+                f"(launch + sync latency dominates)"
+            )
     sp = report.get("spans", {}).get("value")
     if sp:
         verdict = "agree with" if 0.8 <= sp["span_vs_events"] <= 1.25 else "DISAGREE with"
-        out.append(f"perfkit spans {verdict} CUDA events: {sp['span_mean_ms']:.4g} ms vs {sp['events_ms']:.4g} ms "
-                   f"(host clock without sync: {sp['wall_nosync_ms']:.4g} ms)")
+        out.append(
+            f"perfkit spans {verdict} CUDA events: {sp['span_mean_ms']:.4g} ms vs {sp['events_ms']:.4g} ms "
+            f"(host clock without sync: {sp['wall_nosync_ms']:.4g} ms)"
+        )
     bw = report.get("bandwidth", {}).get("value")
     if bw and bw.get("peak_bytes_per_s"):
-        out.append(f"measured device triad {bw['triad_bytes_per_s'] / 1e12:.3g} TB/s = "
-                   f"{100 * bw['triad_bytes_per_s'] / bw['peak_bytes_per_s']:.0f}% of the NVML-derived peak "
-                   f"{bw['peak_bytes_per_s'] / 1e12:.3g} TB/s")
+        out.append(
+            f"measured device triad {bw['triad_bytes_per_s'] / 1e12:.3g} TB/s = "
+            f"{100 * bw['triad_bytes_per_s'] / bw['peak_bytes_per_s']:.0f}% of the NVML-derived peak "
+            f"{bw['peak_bytes_per_s'] / 1e12:.3g} TB/s"
+        )
     nv = report.get("nvtx", {}).get("value")
     if nv:
         out.append(nv["note"])
     for r in report.get("tree_build", {}).get("value", []) or []:
         if (r["batch"], r["budget"]) in ((1, 64), (128, 64)):
             same = "identical trees" if r["same_trees"] else "DIFFERENT TREES"
-            out.append(f"tree build, batch {r['batch']}, budget {r['budget']}: vectorized {r['vectorized_ms']:.4g} ms vs "
-                       f"heapq {r['heap_ms']:.4g} ms with its copy to the host: {r['speedup']:.3g}x "
-                       f"[{r['speedup_low']:.3g}, {r['speedup_high']:.3g}], {same}")
+            out.append(
+                f"tree build, batch {r['batch']}, budget {r['budget']}: vectorized {r['vectorized_ms']:.4g} ms vs "
+                f"heapq {r['heap_ms']:.4g} ms with its copy to the host: {r['speedup']:.3g}x "
+                f"[{r['speedup_low']:.3g}, {r['speedup_high']:.3g}], {same}"
+            )
     for e in report.get("engine", {}).get("value", []) or []:
         out.append(
             f"engine {e['mode']} at {e['context']} context: {e['decode_tok_s']:.4g} tok/s; spans' steps sum to "
@@ -312,18 +348,25 @@ def render_markdown(report: dict) -> str:
     lines = [f"# perfkit gpu-check ({report['meta']['started_at']})", ""]
     gpus = report.get("environment", {}).get("value", {}).get("gpus", [])
     for g in gpus:
-        lines.append(f"- GPU {g['index']}: {g['name']}, driver {report['environment']['value'].get('nvidia_driver')}, "
-                     f"{_fmt((g.get('memory_total_bytes') or 0) / 2**30)} GiB, peak DRAM "
-                     f"{_fmt((g.get('peak_dram_bytes_per_s') or 0) / 1e12)} TB/s")
+        lines.append(
+            f"- GPU {g['index']}: {g['name']}, driver {report['environment']['value'].get('nvidia_driver')}, "
+            f"{_fmt((g.get('memory_total_bytes') or 0) / 2**30)} GiB, peak DRAM "
+            f"{_fmt((g.get('peak_dram_bytes_per_s') or 0) / 1e12)} TB/s"
+        )
     lines += ["", "## Findings", ""] + [f"- {f}" for f in findings(report)] + [""]
     kern = report.get("kernels", {}).get("value")
     if kern:
-        lines += ["## Kernel timing three ways (ms per call)", "",
-                  "| kernel | CUDA events | wall, no sync | wall, sync each call | TFLOP/s | GB/s |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "## Kernel timing three ways (ms per call)",
+            "",
+            "| kernel | CUDA events | wall, no sync | wall, sync each call | TFLOP/s | GB/s |",
+            "|---|---|---|---|---|---|",
+        ]
         for k in kern:
-            lines.append(f"| {k['kernel']} | {_fmt(k['events_ms'])} | {_fmt(k['wall_nosync_ms'])} | "
-                         f"{_fmt(k['wall_sync_ms'])} | {_fmt(k['tflops'])} | {_fmt(k['gbps'])} |")
+            lines.append(
+                f"| {k['kernel']} | {_fmt(k['events_ms'])} | {_fmt(k['wall_nosync_ms'])} | "
+                f"{_fmt(k['wall_sync_ms'])} | {_fmt(k['tflops'])} | {_fmt(k['gbps'])} |"
+            )
         lines.append("")
     for name in ("bandwidth", "spans", "nvtx", "profiler", "tree_build", "engine"):
         sec = report.get(name)
@@ -374,8 +417,7 @@ def run(out_dir: Path, *, refresh_bandwidth: bool = False, engine: bool = True) 
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     deadline = started + DEADLINE_S
-    report: dict = {"meta": {
-        "started_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "seconds": 0.0}}
+    report: dict = {"meta": {"started_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "seconds": 0.0}}
     torch.cuda.init()
 
     def bw():

@@ -41,6 +41,7 @@ def measure(*, calls: int = 20_000, repeat: int = 15) -> list[tuple[str, list[fl
                 fn()
             finally:
                 spans.set_enabled(False)
+
         return run
 
     variants = [

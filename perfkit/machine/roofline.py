@@ -154,8 +154,9 @@ def expected_experts_touched(n_experts: int, top_k: int, tokens: int) -> float:
     return n_experts * (1.0 - (1.0 - top_k / n_experts) ** tokens)
 
 
-def step_cost(config, *, batch: int, context: int, q_tokens: int, dtype_bytes: float,
-              experts_touched: float | None = None) -> Cost:
+def step_cost(
+    config, *, batch: int, context: int, q_tokens: int, dtype_bytes: float, experts_touched: float | None = None
+) -> Cost:
     """Bytes and FLOPs of one forward step of `q_tokens` new tokens per request over `context`
     cached tokens, for `batch` requests (decode: q_tokens=1; tree verify: q_tokens=nodes).
 
@@ -213,18 +214,40 @@ def floor(cost: Cost, hardware: Hardware) -> StepFloor:
     )
 
 
-def sweep(config, hardware: Hardware, *, contexts: list[int], batch: int, q_tokens: int,
-          dtype_bytes: float, experts_touched: float | None = None) -> list[tuple[int, StepFloor]]:
+def sweep(
+    config,
+    hardware: Hardware,
+    *,
+    contexts: list[int],
+    batch: int,
+    q_tokens: int,
+    dtype_bytes: float,
+    experts_touched: float | None = None,
+) -> list[tuple[int, StepFloor]]:
     """The floor at each context length, e.g. for a context-sweep hypothesis or the report table."""
     return [
-        (ctx, floor(step_cost(config, batch=batch, context=ctx, q_tokens=q_tokens, dtype_bytes=dtype_bytes,
-                              experts_touched=experts_touched), hardware))
+        (
+            ctx,
+            floor(
+                step_cost(
+                    config,
+                    batch=batch,
+                    context=ctx,
+                    q_tokens=q_tokens,
+                    dtype_bytes=dtype_bytes,
+                    experts_touched=experts_touched,
+                ),
+                hardware,
+            ),
+        )
         for ctx in contexts
     ]
 
 
 def format_sweep(rows: list[tuple[int, StepFloor]]) -> str:
-    lines = [f"{'context':>8} {'MB':>10} {'MFLOP':>10} {'memory_us':>10} {'compute_us':>10} {'floor_us':>10} {'bound':>8}"]
+    lines = [
+        f"{'context':>8} {'MB':>10} {'MFLOP':>10} {'memory_us':>10} {'compute_us':>10} {'floor_us':>10} {'bound':>8}"
+    ]
     for ctx, f in rows:
         lines.append(
             f"{ctx:>8} {f.bytes / 1e6:>10.4g} {f.flops / 1e6:>10.4g} {f.memory_seconds * 1e6:>10.4g} "
@@ -256,10 +279,19 @@ def main(argv: list[str]) -> int:
         contexts = [int(x) for x in a.contexts.split(",") if x]
     except ValueError:
         raise UserError(f"--contexts takes comma-separated integers, got {a.contexts!r}") from None
-    rows = sweep(_engine_config(a.preset), hardware, contexts=contexts, batch=a.batch, q_tokens=a.q_tokens,
-                 dtype_bytes=a.dtype_bytes, experts_touched=a.experts_touched)
-    print(f"{hardware.name}: {hardware.dram_bytes_per_s / 1e9:.4g} GB/s, {hardware.peak_flops / 1e12:.4g} TFLOP/s "
-          f"({hardware.source}); batch {a.batch}, {a.q_tokens} token(s)/request, {a.dtype_bytes:g} B/element")
+    rows = sweep(
+        _engine_config(a.preset),
+        hardware,
+        contexts=contexts,
+        batch=a.batch,
+        q_tokens=a.q_tokens,
+        dtype_bytes=a.dtype_bytes,
+        experts_touched=a.experts_touched,
+    )
+    print(
+        f"{hardware.name}: {hardware.dram_bytes_per_s / 1e9:.4g} GB/s, {hardware.peak_flops / 1e12:.4g} TFLOP/s "
+        f"({hardware.source}); batch {a.batch}, {a.q_tokens} token(s)/request, {a.dtype_bytes:g} B/element"
+    )
     print(format_sweep(rows))
     return 0
 

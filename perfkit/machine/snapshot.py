@@ -233,8 +233,7 @@ def format_snapshot(snap: dict) -> str:
             "",
             f"SM {_or(g['sm_clock_mhz']['current'])}/{_or(g['sm_clock_mhz']['max'])} MHz, memory "
             f"{_or(g['mem_clock_mhz']['current'])}/{_or(g['mem_clock_mhz']['max'])} MHz x "
-            f"{_or(g['memory_bus_width_bits'])} bit = peak "
-            + ("?" if peak is None else f"{peak / 1e12:.2f} TB/s"),
+            f"{_or(g['memory_bus_width_bits'])} bit = peak " + ("?" if peak is None else f"{peak / 1e12:.2f} TB/s"),
         )
         row(
             "",

@@ -260,8 +260,7 @@ def plot_trace(trace: dict, path, *, intervals: list[tuple[str, float, float]]) 
 
     ax = axes[0]
     ax.plot(x, _none_to_nan(trace["cpu_percent"]), label="process tree (100% = one core)", color="C0")
-    ax.plot(x, _none_to_nan(trace["system_cpu_percent"]), label="whole machine (% of all cores)",
-            color="C7", lw=0.8)
+    ax.plot(x, _none_to_nan(trace["system_cpu_percent"]), label="whole machine (% of all cores)", color="C7", lw=0.8)
     ax.set_ylabel("CPU %")
     ax.legend(loc="upper right", fontsize=7)
     ax = axes[1]
@@ -283,8 +282,16 @@ def plot_trace(trace: dict, path, *, intervals: list[tuple[str, float, float]]) 
         for a in axes:
             a.axvspan(t0 - origin, t1 - origin, color=f"C{i % 10}", alpha=0.12, lw=0)
         if (t1 - t0) >= 0.04 * span_total:  # label only what is wide enough to read
-            axes[0].text((t0 + t1) / 2 - origin, 1.02, label, transform=axes[0].get_xaxis_transform(),
-                         ha="center", va="bottom", fontsize=7, clip_on=False)
+            axes[0].text(
+                (t0 + t1) / 2 - origin,
+                1.02,
+                label,
+                transform=axes[0].get_xaxis_transform(),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                clip_on=False,
+            )
     gpu_note = "" if gpus else f"  ({trace.get('gpu_note') or 'no GPU'})"
     ov = trace.get("overhead", {})
     cost = ov.get("cpu_s_per_s")

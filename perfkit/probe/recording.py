@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from perfkit import units
 from perfkit.errors import UserError
 from perfkit.phases import BREAKDOWN, PHASES, STEP, UNATTRIBUTED
 from perfkit.samples import FORMAT_VERSION, MIMETYPE, decode_samples, encode_samples
+
 
 def _as_floats(name: str, samples: Any) -> list[float]:
     if hasattr(samples, "tolist"):  # numpy arrays and torch tensors
@@ -90,7 +92,10 @@ def summary_line(payload: dict[str, Any]) -> str:
         s = stats.summarize(samples)
         text = (
             head
-            + f"{units.format_quantity(est.value, unit)} [{units.format_number(est.low)}, {units.format_number(est.high)}]"
+            + (
+                f"{units.format_quantity(est.value, unit)} "
+                f"[{units.format_number(est.low)}, {units.format_number(est.high)}]"
+            )
             + f" mean of n={s.n} (min {units.format_number(s.min)}, max {units.format_number(s.max)})"
         )
         for warning in stats.warnings([samples]):
@@ -104,7 +109,9 @@ def breakdown_summary(records: list[dict[str, Any]]) -> str:
     """One readable block for a step breakdown: the step, then each part with its share."""
     by_name = {r["name"]: decode_samples(r["samples"]) for r in records}
     step = by_name[STEP]
-    lines = [summary_line(next(r for r in records if r["name"] == STEP)).replace("perfkit record", "perfkit breakdown", 1)]
+    lines = [
+        summary_line(next(r for r in records if r["name"] == STEP)).replace("perfkit record", "perfkit breakdown", 1)
+    ]
     total = sum(step)
     unit = records[0]["unit"]
     for name in BREAKDOWN:

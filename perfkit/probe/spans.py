@@ -3,21 +3,21 @@
     with span("prepare_for_verify"): ...
     @timed("tree_build") def build(...): ...
 
-Profiling is on when ``PERFKIT_PROFILE=1`` (read once, at import), after ``set_enabled(True)``, or
-inside ``capture()``. When off, ``span`` returns one shared do-nothing context manager and
-``timed`` returns the function itself, so instrumented code pays a global lookup and nothing else.
+Profiling is on when `PERFKIT_PROFILE=1` (read once, at import), after `set_enabled(True)`, or
+inside `capture()`. When off, `span` returns one shared do-nothing context manager and
+`timed` returns the function itself, so instrumented code pays a global lookup and nothing else.
 
 When on, every name keeps an aggregate (n, mean, p50, p99, last, total). While profiling is on
-(not merely inside ``capture()``, which collects quietly), a line is logged every ``log_every``
-calls (``PERFKIT_PROFILE_EVERY``, default 50) *and* a summary of every name is
-printed by ``flush()`` and at interpreter exit, so a function called fewer than ``log_every`` times
+(not merely inside `capture()`, which collects quietly), a line is logged every `log_every`
+calls (`PERFKIT_PROFILE_EVERY`, default 50) *and* a summary of every name is
+printed by `flush()` and at interpreter exit, so a function called fewer than `log_every` times
 still reports: the case study's profiler printed nothing after 40 calls, and a silent profiler
 looks exactly like a broken one.
 
 On CUDA (when torch has initialised CUDA), a span records a pair of CUDA events instead of reading
 the host clock, and the events are resolved later (at a log line only those already complete, at
-``flush()`` or at the end of ``capture()`` all of them), so there is no device synchronisation per
-call. Each span is also an NVTX range, so ``nsys profile`` shows the phases by name.
+`flush()` or at the end of `capture()` all of them), so there is no device synchronisation per
+call. Each span is also an NVTX range, so `nsys profile` shows the phases by name.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ _PREFIX = "[perfkit-prof]"
 
 _enabled_by_env = os.environ.get("PERFKIT_PROFILE", "").strip().lower() in ("1", "true", "yes", "on")
 _forced = False  # set_enabled(True)
-_captures: list["Capture"] = []  # active capture() blocks, innermost last
+_captures: list[Capture] = []  # active capture() blocks, innermost last
 _log_every = max(1, int(os.environ.get("PERFKIT_PROFILE_EVERY", "50") or 50))
 _stream = sys.stderr  # where log lines go; tests may swap it via set_log_every(stream=...)
 
@@ -66,14 +66,14 @@ def enabled() -> bool:
 
 
 def set_enabled(on: bool) -> None:
-    """Turn profiling on or off from code (``PERFKIT_PROFILE`` still wins when set)."""
+    """Turn profiling on or off from code (`PERFKIT_PROFILE` still wins when set)."""
     global _forced
     _forced = bool(on)
     _refresh()
 
 
 def set_log_every(n: int, *, stream=None) -> None:
-    """Log a line for a name every ``n`` calls; optionally send lines to ``stream``."""
+    """Log a line for a name every `n` calls; optionally send lines to `stream`."""
     global _log_every, _stream
     if n < 1:
         raise ValueError(f"log_every must be >= 1, got {n}")
@@ -161,7 +161,7 @@ def _series_for(name: str) -> _Series:
 
 
 def _resolve(series: _Series, *, wait: bool) -> None:
-    """Turn finished CUDA event pairs into durations (all of them when ``wait``)."""
+    """Turn finished CUDA event pairs into durations (all of them when `wait`)."""
     still = []
     for start, end, sinks in series.pending:
         if not wait and not end.query():
@@ -306,14 +306,14 @@ class _Span:
 
 
 def span(name: str):
-    """Time the enclosed block under ``name`` when profiling is on; do nothing otherwise."""
+    """Time the enclosed block under `name` when profiling is on; do nothing otherwise."""
     if not _active:
         return _NULL
     return _Span(name)
 
 
 def timed(name: str | None = None):
-    """Decorator form of :func:`span`. When profiling is off at decoration time, returns ``fn``."""
+    """Decorator form of `span`. When profiling is off at decoration time, returns `fn`."""
 
     def decorate(fn):
         if not _active:
@@ -337,9 +337,9 @@ def timed(name: str | None = None):
 
 
 class Capture:
-    """Every span that ran inside a ``capture()`` block, with decode steps grouped.
+    """Every span that ran inside a `capture()` block, with decode steps grouped.
 
-    ``samples(name)`` gives one duration per occurrence; ``steps()`` one dict per ``step`` span with
+    `samples(name)` gives one duration per occurrence; `steps()` one dict per `step` span with
     the step's duration, the time of each phase inside it and the unattributed remainder.
     """
 
@@ -374,11 +374,11 @@ class Capture:
         return sorted(self._occurrences)
 
     def samples(self, name: str) -> list[float]:
-        """Seconds, one per occurrence of ``name`` in the block."""
+        """Seconds, one per occurrence of `name` in the block."""
         return [r["seconds"] for r in self._occurrences.get(name, []) if "seconds" in r]
 
     def steps(self) -> list[dict[str, float]]:
-        """One dict per step: ``step``, each phase seen in any step (0.0 where absent), ``unattributed``."""
+        """One dict per step: `step`, each phase seen in any step (0.0 where absent), `unattributed`."""
         seen = [p for p in PHASES if any(p in s for s in self._steps)]
         out = []
         for s in self._steps:
@@ -405,7 +405,7 @@ class _Multi:
 
 
 class capture:  # noqa: N801 - used as a context manager, reads like a function
-    """Record every span inside the block, whatever ``PERFKIT_PROFILE`` says."""
+    """Record every span inside the block, whatever `PERFKIT_PROFILE` says."""
 
     def __enter__(self) -> Capture:
         self._cap = Capture()

@@ -42,12 +42,7 @@ class Expect:
         errors_before = len(checker.errors)
         checker.keys(expect, where, {**COMMON_KEYS, **cls.KEYS})
         fields = cls.read(checker, expect, where)
-        if "min_samples" in expect:
-            value = expect["min_samples"]
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                checker.fail(where + ("min_samples",), f"expected an integer >= 1, got {value!r}")
-            else:
-                fields["min_samples"] = value
+        fields["min_samples"] = checker.integer(expect, "min_samples", where, low=1)
         if "at" in expect:
             at = checker.mapping(expect["at"], where + ("at",))
             if at is not None:
@@ -109,8 +104,10 @@ def candidates(points: list[Point], name: str, selector: dict | None) -> list[Po
     found = [p for p in points if p.name == name and matches(p.at, selector)]
     for p in found:
         if p.duplicated:
-            raise Inconclusive(f"{name} was recorded {p.records} times at {p.where()} in {len(p.replicates)} entries; "
-                               "record it once per point (or give each record its own `at`)")
+            raise Inconclusive(
+                f"{name} was recorded {p.records} times at {p.where()} in {len(p.replicates)} entries; "
+                "record it once per point (or give each record its own `at`)"
+            )
     if not found:
         names = sorted({p.name for p in points})
         where = f" at {', '.join(f'{k}={v}' for k, v in selector.items())}" if selector else ""

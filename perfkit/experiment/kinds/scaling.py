@@ -51,31 +51,43 @@ class Scaling(Expect):
             raise Inconclusive(f"no record of {self.metric} says which {self.over} it was measured at")
         xs = [p.at[self.over] for p in found]
         if len(set(xs)) != len(xs):
-            raise Inconclusive(f"{self.metric} was recorded more than once per {self.over}; add expect.at to choose one series")
+            raise Inconclusive(
+                f"{self.metric} was recorded more than once per {self.over}; add expect.at to choose one series"
+            )
         if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs):
             raise Inconclusive(f"{self.over} values are not numbers: {xs}")
         if len(xs) < 2:
-            raise Inconclusive(f"a scaling exponent needs at least two values of {self.over}; the probe recorded {len(xs)}")
+            raise Inconclusive(
+                f"a scaling exponent needs at least two values of {self.over}; the probe recorded {len(xs)}"
+            )
         found = sorted(found, key=lambda p: p.at[self.over])
         unit = found[0].unit
         per_point = [samples(p, unit, self.min_samples) for p in found]
         if len({len(r) for r in per_point}) != 1:
-            raise Inconclusive(f"the points of {self.metric} come from different numbers of replicates; "
-                               "each replicate must measure every point")
+            raise Inconclusive(
+                f"the points of {self.metric} come from different numbers of replicates; "
+                "each replicate must measure every point"
+            )
         try:
             est = stats.slope_estimate([float(p.at[self.over]) for p in found], per_point)
         except ValueError as exc:
             raise Inconclusive(f"cannot fit an exponent: {exc}") from None
-        verdict, why = bounds(est.low, est.high, at_least=self.exponent - self.tolerance,
-                              at_most=self.exponent + self.tolerance)
+        verdict, why = bounds(
+            est.low, est.high, at_least=self.exponent - self.tolerance, at_most=self.exponent + self.tolerance
+        )
         diff = est.value - self.exponent
         return Judgement(
             verdict=verdict,
             reason=why,
             expected=self.expected(),
             measured=Measured(label="exponent", unit=None, value=est.value, low=est.low, high=est.high),
-            off_by=f"{units.format_number(abs(diff), 2)} {'above' if diff >= 0 else 'below'} the expected exponent {self._claim()}",
-            warnings=warnings_for([(f"{self.metric} at {self.over}={p.at[self.over]}", s) for p, s in zip(found, per_point)]),
+            off_by=(
+                f"{units.format_number(abs(diff), 2)} {'above' if diff >= 0 else 'below'} "
+                f"the expected exponent {self._claim()}"
+            ),
+            warnings=warnings_for(
+                [(f"{self.metric} at {self.over}={p.at[self.over]}", s) for p, s in zip(found, per_point)]
+            ),
             used=tuple(found),
         )
 
@@ -98,10 +110,22 @@ class Scaling(Expect):
         anchor_y = math.exp(sum(math.log(y) for y in means) / len(means))
         span = [min(xs), max(xs)]
         m = judgement.measured
-        ax.plot(span, [anchor_y * (x / anchor_x) ** m.value for x in span], color=plots.COLORS[judgement.verdict],
-                label=f"fitted k = {units.format_number(m.value)} [{units.format_number(m.low)}, {units.format_number(m.high)}]")
-        ax.plot(span, [anchor_y * (x / anchor_x) ** self.exponent for x in span], color=plots.CLAIMED, linestyle="--",
-                label=f"expected k = {self._claim()}")
+        ax.plot(
+            span,
+            [anchor_y * (x / anchor_x) ** m.value for x in span],
+            color=plots.COLORS[judgement.verdict],
+            label=(
+                f"fitted k = {units.format_number(m.value)} "
+                f"[{units.format_number(m.low)}, {units.format_number(m.high)}]"
+            ),
+        )
+        ax.plot(
+            span,
+            [anchor_y * (x / anchor_x) ** self.exponent for x in span],
+            color=plots.CLAIMED,
+            linestyle="--",
+            label=f"expected k = {self._claim()}",
+        )
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_major_formatter(LogFormatter(labelOnlyBase=False))
             axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))

@@ -13,7 +13,14 @@ from perfkit import stats, units
 from perfkit.experiment import plots
 from perfkit.experiment.checker import Checker
 from perfkit.experiment.kinds.base import (
-    Expect, off_range, one, range_text, read_range, same_point, samples, warnings_for,
+    Expect,
+    off_range,
+    one,
+    range_text,
+    read_range,
+    same_point,
+    samples,
+    warnings_for,
 )
 from perfkit.experiment.kinds.base import bounds as compare
 from perfkit.experiment.results import Floor, Measured
@@ -44,7 +51,9 @@ class Share(Expect):
         if "unit" in expect:
             unit = expect["unit"]
             if not units.is_unit(unit):
-                checker.fail(where + ("unit",), f"unknown unit {unit!r}; expected one of: {', '.join(units.KNOWN_UNITS)}")
+                checker.fail(
+                    where + ("unit",), f"unknown unit {unit!r}; expected one of: {', '.join(units.KNOWN_UNITS)}"
+                )
             elif units.dimension(unit) != "fraction":
                 checker.fail(where + ("unit",), f"a share is a fraction; expected 'fraction' or '%', got {unit!r}")
             else:
@@ -72,8 +81,11 @@ class Share(Expect):
         whole = same_point(points, self.of, part.at)
         part_samples = samples(part, None, self.min_samples)
         whole_samples = samples(whole, part.unit, self.min_samples)
-        paired = (part.breakdown is not None and part.breakdown == whole.breakdown
-                  and [len(r) for r in part_samples] == [len(r) for r in whole_samples])
+        paired = (
+            part.breakdown is not None
+            and part.breakdown == whole.breakdown
+            and [len(r) for r in part_samples] == [len(r) for r in whole_samples]
+        )
         try:
             est = stats.ratio_estimate(part_samples, whole_samples, paired=paired, log=False)
         except ValueError as exc:
@@ -113,9 +125,21 @@ class Share(Expect):
         for i, (name, value) in enumerate(parts):
             share = value / total
             claimed = name == self.metric
-            color = plots.CLAIMED if claimed else ("#ffffff" if name == UNATTRIBUTED else plots.PHASE_COLORS[i % len(plots.PHASE_COLORS)])
-            ax.barh([0], [share], left=left, color=color, edgecolor="#37474f", linewidth=1.5 if claimed else 0.6,
-                    hatch="//" if name == UNATTRIBUTED else None, label=f"{name} {share:.1%}")
+            color = (
+                plots.CLAIMED
+                if claimed
+                else ("#ffffff" if name == UNATTRIBUTED else plots.PHASE_COLORS[i % len(plots.PHASE_COLORS)])
+            )
+            ax.barh(
+                [0],
+                [share],
+                left=left,
+                color=color,
+                edgecolor="#37474f",
+                linewidth=1.5 if claimed else 0.6,
+                hatch="//" if name == UNATTRIBUTED else None,
+                label=f"{name} {share:.1%}",
+            )
             left += share
         color = plots.COLORS[judgement.verdict]
         for bound, style in ((self.at_least, "--"), (self.at_most, ":")):

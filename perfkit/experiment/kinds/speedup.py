@@ -36,7 +36,10 @@ class Speedup(Expect):
         return (self.baseline, self.candidate)
 
     def expected(self, floor: Floor | None = None) -> str:
-        return f"{self.candidate} vs {self.baseline}: speedup {range_text(self.at_least, self.at_most, units.format_factor)}"
+        return (
+            f"{self.candidate} vs {self.baseline}: speedup "
+            f"{range_text(self.at_least, self.at_most, units.format_factor)}"
+        )
 
     def judge(self, points: list[Point]) -> Judgement:
         base = one(points, self.baseline, self.at)

@@ -33,13 +33,17 @@ class _Value(Expect):
         if "unit" in expect:
             unit = expect["unit"]
             if not units.is_unit(unit):
-                checker.fail(where + ("unit",), f"unknown unit {unit!r}; expected one of: {', '.join(units.KNOWN_UNITS)}")
+                checker.fail(
+                    where + ("unit",), f"unknown unit {unit!r}; expected one of: {', '.join(units.KNOWN_UNITS)}"
+                )
             else:
                 fields["unit"] = unit
         fields["value"] = checker.number(expect, "value", where, positive=True)
         fields["factor"] = checker.number(expect, "factor", where, positive=True, at_least=cls._least_factor())
         if ("value" in expect) == ("floor" in expect):
-            checker.missing(where, "value", "give exactly one of `value` (a number) or `floor` (a recorded floor metric)")
+            checker.missing(
+                where, "value", "give exactly one of `value` (a number) or `floor` (a recorded floor metric)"
+            )
         return fields
 
     @staticmethod
@@ -98,8 +102,15 @@ class _Value(Expect):
         ax = fig.add_axes((0.08, 0.2, 0.88, 0.5))
         values = units.convert(used.samples(), used.unit, self.unit)
         ax.plot(values, [0.0] * len(values), "|", color="#90a4ae", markersize=14, label="samples")
-        ax.errorbar([m.value], [0.0], xerr=[[m.value - m.low], [m.high - m.value]], fmt="o",
-                    color=plots.COLORS[judgement.verdict], capsize=6, label="mean, 95% interval")
+        ax.errorbar(
+            [m.value],
+            [0.0],
+            xerr=[[m.value - m.low], [m.high - m.value]],
+            fmt="o",
+            color=plots.COLORS[judgement.verdict],
+            capsize=6,
+            label="mean, 95% interval",
+        )
         reference, _ = self._reference(judgement.floor)
         plots.log_if_spread(ax, [m.low, m.high, reference, *values, *self._marks(ax, reference)], "x")
         ax.set_yticks([])
@@ -131,8 +142,12 @@ class Cost(_Value):
     def _marks(self, ax, reference: float) -> list[float]:
         low, high = self._edges(reference)
         ax.axvspan(low, high, color="#bbdefb", alpha=0.6, label=f"expected ±×{units.format_number(self.factor)}")
-        ax.axvline(reference, color=plots.CLAIMED, linestyle="--",
-                   label=f"expected {units.format_quantity(reference, self.unit)}")
+        ax.axvline(
+            reference,
+            color=plots.CLAIMED,
+            linestyle="--",
+            label=f"expected {units.format_quantity(reference, self.unit)}",
+        )
         return [low, high]
 
 
@@ -144,7 +159,10 @@ class _Bound(_Value):
     def read(cls, checker: Checker, expect: dict, where: tuple) -> dict[str, Any]:
         fields = super().read(checker, expect, where)
         if "factor" in expect and "floor" not in expect:
-            checker.fail(where + ("factor",), "a bound's `factor` multiplies a `floor`; with a plain `value` write the bound itself")
+            checker.fail(
+                where + ("factor",),
+                "a bound's `factor` multiplies a `floor`; with a plain `value` write the bound itself",
+            )
         return fields
 
     def _bound(self, reference: float) -> float:
@@ -165,8 +183,12 @@ class _Bound(_Value):
 
     def _marks(self, ax, reference: float) -> list[float]:
         bound = self._bound(reference)
-        ax.axvline(bound, color=plots.CLAIMED, linestyle="--",
-                   label=f"bound {self.SIGN} {units.format_quantity(bound, self.unit)}")
+        ax.axvline(
+            bound,
+            color=plots.CLAIMED,
+            linestyle="--",
+            label=f"bound {self.SIGN} {units.format_quantity(bound, self.unit)}",
+        )
         return [bound]
 
 
