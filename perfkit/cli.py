@@ -53,6 +53,14 @@ def _parser() -> argparse.ArgumentParser:
         help="independent kernel processes per probe execution (default 3 with --quick, else 5; "
         "a record's probe.replicates can ask for more)",
     )
+    run.add_argument(
+        "--max-replicates",
+        type=int,
+        default=None,
+        metavar="R",
+        help="add replicates, up to R, to verdicts more replicates would likely decide (default: none with --quick, "
+        "else 3x --replicates); intervals are then corrected for the extra looks",
+    )
 
     led = sub.add_parser("ledger", help="regenerate hypotheses/LEDGER.md from the stored results")
     led.add_argument("--check", action="store_true", help="exit 1 when the ledger or a verdict is out of date")
@@ -115,6 +123,7 @@ def _main(argv: list[str]) -> int:
             force=args.force,
             profile=args.profile,
             replicates=args.replicates,
+            max_replicates=args.max_replicates,
             command="perfkit " + shlex.join(argv),
         )
         return report.exit_code

@@ -48,6 +48,9 @@ class Estimate:
     replicates: int = 1  # processes
     units: int = 0  # independent units the interval was computed from (replicates, or batches of one)
     n: int = 0  # samples in all
+    spread: float = 0.0  # standard deviation of the unit estimates (on the log scale when pooled there)
+    log: bool = False  # pooled on the log scale (ratios)
+    confidence: float = CONFIDENCE
 
 
 @dataclass(frozen=True)
@@ -191,8 +194,17 @@ def _estimate(
     units: list[float], replicates: int, samples: list[np.ndarray], *, confidence: float, log: bool
 ) -> Estimate:
     value, low, high = interval(units, confidence=confidence, log=log)
+    scaled = np.log(np.asarray(units, dtype=float)) if log else np.asarray(units, dtype=float)
     return Estimate(
-        value=value, low=low, high=high, replicates=replicates, units=len(units), n=int(sum(r.size for r in samples))
+        value=value,
+        low=low,
+        high=high,
+        replicates=replicates,
+        units=len(units),
+        n=int(sum(r.size for r in samples)),
+        spread=float(scaled.std(ddof=1)) if scaled.size > 1 else math.inf,
+        log=log,
+        confidence=confidence,
     )
 
 
@@ -290,6 +302,30 @@ def slope_interval(
 ) -> Estimate:
     """The exponent from one process's samples at each x."""
     return slope_estimate(xs, [[s] for s in samples], confidence=confidence)
+
+
+# ---------------------------------------------------------------- what it would take
+
+
+MOST_REPLICATES = 100  # beyond this, "more replicates" is not an answer: the effect is too close to call
+
+
+def replicates_to_decide(est: Estimate, edge: float) -> int | None:
+    """How many replicates would likely put the interval clear of `edge` at this spread, or None
+    when that is more than MOST_REPLICATES (too close to the edge to decide at this noise).
+
+    Assumes the estimate stays where it is and the spread between units stays as measured: a
+    forecast, not a promise.
+    """
+    if est.log and (est.value <= 0 or edge <= 0):
+        return None
+    distance = abs(math.log(est.value / edge)) if est.log else abs(est.value - edge)
+    if distance == 0 or not math.isfinite(est.spread):
+        return None
+    for r in range(max(est.units, 2), MOST_REPLICATES + 1):
+        if t_quantile(0.5 + est.confidence / 2.0, r - 1) * est.spread / math.sqrt(r) < distance:
+            return r
+    return None
 
 
 # ---------------------------------------------------------------- where the variance is

@@ -48,6 +48,12 @@ def measured_text(result: HypothesisResult) -> str | None:
     return None if result.measured is None else result.measured.text()
 
 
+def evidence_text(result: HypothesisResult) -> str | None:
+    """What the interval rests on and why the run stopped adding replicates."""
+    parts = [p for p in (result.measured.evidence() if result.measured else None, result.stopped) if p]
+    return "; ".join(parts) or None
+
+
 def flip_note(previous: str | None, current: str, *, mark: str = "") -> str | None:
     """'flip (was refuted)' when a verdict changed from the previous run's; `mark` emphasizes the word."""
     if previous is None or previous == current:
@@ -68,16 +74,17 @@ def render(all_results: list[RunResults]) -> str:
     entries = history(all_results)
     lines = [
         HEADER,
-        "| id | claim | expected | measured [95% interval] | verdict | off by | run | plot |",
-        "|---|---|---|---|---|---|---|---|",
+        "| id | claim | expected | measured [95% interval] | evidence | verdict | off by | run | plot |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for hid, runs in entries.items():
         latest = runs[-1]
         r = latest.result
         plot = f"[plot](ledger/{r.plot})" if r.plot else "—"
+        verdict = f"**{r.verdict}**" + (" (not reproduced)" if r.not_reproduced else "")
         lines.append(
-            f"| `{hid}` | {_cell(r.claim)} | {_cell(r.expected)} | {_cell(measured_text(r))} | **{r.verdict}** "
-            f"| {_cell(off_by_text(r))} | {latest.run_id} | {plot} |"
+            f"| `{hid}` | {_cell(r.claim)} | {_cell(r.expected)} | {_cell(measured_text(r))} "
+            f"| {_cell(evidence_text(r))} | {verdict} | {_cell(off_by_text(r))} | {latest.run_id} | {plot} |"
         )
     floors = [(hid, runs[-1].result.floor) for hid, runs in entries.items() if runs[-1].result.floor]
     if floors:
@@ -102,6 +109,8 @@ def render(all_results: list[RunResults]) -> str:
                 notes.append(flip)
             if previous is not None and entry.result.hash != previous.result.hash:
                 notes.append("hypothesis edited")
+            if entry.result.not_reproduced:
+                notes.append(f"**not reproduced**: {entry.result.not_reproduced}")
             if entry.result.measured is None and entry.result.reason:
                 notes.append(entry.result.reason)
             lines.append(
@@ -174,6 +183,7 @@ def describe(project: Project, hid: str) -> str:
         f"expected: {r.expected}",
         f"measured: {measured_text(r) or '—'}",
         f"off by:   {off_by_text(r) or '—'}",
+        f"evidence: {evidence_text(r) or '—'}",
     ]
     if r.floor:
         lines.append(

@@ -17,7 +17,9 @@ Format history (`format_version`), the same numbers for both files:
      run took it from there instead of executing it again.
   3: replicates: an execution has a `replicate` index (each replicate is its own kernel process)
      and `unfit`, why its machine was not fit to measure on (or null); a metric summary says over
-     how many `replicates` and what share of the variance lies `between` them.
+     how many `replicates` and what share of the variance lies `between` them; a result's
+     `measured` says the same of the verdict's quantity, and `stopped` why no more replicates ran,
+     `not_reproduced` when nothing changed since the last verdict and the intervals are disjoint.
 Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file is refused.
 """
 
@@ -113,6 +115,9 @@ class Measured:
     value: float
     low: float
     high: float
+    replicates: int | None = None  # processes the interval rests on (format 3 on)
+    samples: int | None = None  # samples in all
+    between: float | None = None  # share of the variance between processes (None: one process)
 
     def text(self) -> str:
         """'0.18 ms [0.16, 0.21]', 'share 2.47% [1.05, 4.17]': the one way a measured value is written."""
@@ -121,6 +126,16 @@ class Measured:
             f"{label}{units.format_quantity(self.value, self.unit)} "
             f"[{units.format_number(self.low)}, {units.format_number(self.high)}]"
         )
+
+    def evidence(self) -> str | None:
+        """'3 processes x 30 samples, 12% of the variance between them': what the interval rests on."""
+        if self.replicates is None:
+            return None
+        per = f" x {self.samples // self.replicates} samples" if self.samples else ""
+        if self.replicates == 1:
+            return f"1 process{per}"
+        between = f", {self.between:.0%} of the variance between them" if self.between is not None else ""
+        return f"{self.replicates} processes{per}{between}"
 
 
 @dataclass(frozen=True)
@@ -164,11 +179,13 @@ class HypothesisResult:
     warnings: tuple[str, ...] = ()
     metrics: tuple[MetricSummary, ...] = ()
     executions: tuple[Execution, ...] = ()  # without their records
+    stopped: str | None = None  # why the run added no more replicates (format 3 on)
+    not_reproduced: str | None = None  # unchanged since the last verdict, yet disjoint from its interval
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if k != "executions"}
         if data["measured"]:
-            for key in ("value", "low", "high"):
+            for key in ("value", "low", "high", "between"):
                 data["measured"][key] = _number_json(data["measured"][key])
         for m in data["metrics"]:
             for key in ("mean", "low", "high", "std", "between"):
@@ -196,6 +213,9 @@ class HypothesisResult:
                 value=m.number("value"),
                 low=m.number("low"),
                 high=m.number("high"),
+                replicates=m.get("replicates", int, optional=True),
+                samples=m.get("samples", int, optional=True),
+                between=m.number("between", optional=True),
             ),
             off_by=r.get("off_by", str, optional=True),
             floor=None
@@ -225,6 +245,8 @@ class HypothesisResult:
                 for c in r.children("metrics")
             ),
             executions=tuple(Execution.from_json(c) for c in r.children("executions")),
+            stopped=r.get("stopped", str, optional=True),
+            not_reproduced=r.get("not_reproduced", str, optional=True),
         )
 
 

@@ -34,6 +34,7 @@ from perfkit.experiment.results import (
     HypothesisResult,
     MetricSummary,
     RunResults,
+    load_all_results,
     read_execution,
     write_execution,
     write_results,
@@ -50,6 +51,7 @@ INJECTED_TAG = "perfkit-injected"
 DEFAULT_TIMEOUT_S = 600.0
 #: independent kernel processes per execution when neither the command nor the record says
 DEFAULT_REPLICATES = {"quick": 3, "full": 5}
+MORE_LOOKS = 2  # times a run may add replicates to verdicts the first look left undecided
 #: Format history of runs/<run-id>/manifest.json (`format_version`):
 #:   1: first format (with a top-level `git` beside the environment's).
 #:   2: the project's git state is recorded once, in `environment.perfkit.git`; statuses
@@ -67,14 +69,27 @@ class RunOptions:
     profile: str | None = None
     command: str = ""
     replicates: int | None = None  # None: DEFAULT_REPLICATES for the mode
+    max_replicates: int | None = None  # add replicates to undecided verdicts up to this; None: per mode
     retry_unfit: bool = True  # re-run, once, a replicate measured while the machine was busy
 
     def replicates_default(self) -> int:
         return self.replicates or DEFAULT_REPLICATES["quick" if self.quick else "full"]
 
+    def replicates_most(self) -> int:
+        """Quick mode adds none by default (it must stay quick); a full run up to three times as many."""
+        if self.max_replicates is not None:
+            return max(self.max_replicates, self.replicates_default())
+        return self.replicates_default() * (1 if self.quick else 3)
+
+    def confidence(self) -> float:
+        """Each look at the evidence spends part of the 5%: Bonferroni over the looks a run may take."""
+        looks = 1 + (MORE_LOOKS if self.replicates_most() > self.replicates_default() else 0)
+        return 1.0 - (1.0 - stats.CONFIDENCE) / looks
+
     def check(self) -> None:
-        if self.replicates is not None and not 1 <= self.replicates <= MAX_REPLICATES:
-            raise UserError(f"--replicates must be from 1 to {MAX_REPLICATES}, got {self.replicates}")
+        for flag, value in (("--replicates", self.replicates), ("--max-replicates", self.max_replicates)):
+            if value is not None and not 1 <= value <= MAX_REPLICATES:
+                raise UserError(f"{flag} must be from 1 to {MAX_REPLICATES}, got {value}")
         if self.jobs < 1:
             raise UserError(f"--jobs must be at least 1, got {self.jobs}")
         if self.timeout_s <= 0:
@@ -103,6 +118,7 @@ class Judged:
     judgement: Judgement
     executions: tuple[Execution, ...]
     points: tuple[Point, ...]
+    stopped: str | None = None  # why the run added no more replicates for it
 
 
 @dataclass
@@ -322,27 +338,25 @@ def execute(
     shuffled with a fixed seed, so drift and background load spread over all executions instead of
     landing on one. A replicate measured on a busy machine is re-run once at the end.
     """
+    fresh = [x for x in the_plan.replicated() if x.id not in done]  # not had by an earlier look of this run
     to_run: list[Execution] = []
-    for planned in the_plan.replicated():
+    reused: list[Execution] = []
+    for planned in fresh:
         cached = None if options.force else find_cached(project, planned, run_dir.run_id)
         if cached is None:
             to_run.append(planned)
             continue
-        reused = replace(cached, reused=True)
-        write_execution(run_dir.execution_dir(planned.id) / "execution.json", reused)
-        done[planned.id] = reused
-    total = len(the_plan.replicated())
+        done[planned.id] = replace(cached, reused=True)
+        write_execution(run_dir.execution_dir(planned.id) / "execution.json", done[planned.id])
+        reused.append(planned)
+    counts = "/".join(str(n) for n in sorted(set(the_plan.replicates.values())))
     say(
         f"run {run_dir.run_id}: {len(the_plan.needs)} hypotheses, {len(the_plan.executions)} probe executions x "
-        f"{'/'.join(str(n) for n in sorted(set(the_plan.replicates.values())))} replicates "
-        f"({len(to_run)} to execute, {total - len(to_run)} reused){' [quick]' if options.quick else ''}"
+        f"{counts} replicates ({len(to_run)} to execute, {len(reused)} reused){' [quick]' if options.quick else ''}"
     )
-    for x in the_plan.replicated():
-        if x.id in done:
-            say(
-                f"[reused]  {x.label()} [replicate {x.replicate}]  from "
-                f"run {done[x.id].run_id} ({done[x.id].wall_s:.1f} s there)"
-            )
+    for x in reused:
+        origin = done[x.id]
+        say(f"[reused]  {x.label()} [replicate {x.replicate}]  from run {origin.run_id} ({origin.wall_s:.1f} s there)")
     if not to_run:
         return
     kernel_dir = executor.ensure_kernelspec(run_dir.path / "jupyter")
@@ -378,7 +392,9 @@ def execute(
 # ---------------------------------------------------------------- judge
 
 
-def judge_all(hypotheses: list[Hypothesis], the_plan: Plan, done: dict[str, Execution]) -> list[Judged]:
+def judge_all(
+    hypotheses: list[Hypothesis], the_plan: Plan, done: dict[str, Execution], *, confidence: float = stats.CONFIDENCE
+) -> list[Judged]:
     out = []
     for h in hypotheses:
         executions = tuple(done[x.id] for x in the_plan.replicated() if x.key in the_plan.needs[h.id])
@@ -425,6 +441,19 @@ def _summaries(judged: Judged) -> tuple[MetricSummary, ...]:
     return tuple(sorted(out, key=lambda m: (m.name, json.dumps(m.at, sort_keys=True, default=str))))
 
 
+def not_reproduced(result: HypothesisResult, previous: HypothesisResult | None, previous_run: str) -> str | None:
+    """What the last verdict measured, when nothing changed since (record, probe, parameters and code:
+    the same execution keys) and yet the two intervals are disjoint; else None."""
+    if previous is None or previous.hash != result.hash or not (previous.measured and result.measured):
+        return None
+    if {x.key for x in previous.executions} != {x.key for x in result.executions}:
+        return None
+    now, then = result.measured, previous.measured
+    if now.low <= then.high and then.low <= now.high:
+        return None
+    return f"run {previous_run} measured {then.text()} with nothing changed"
+
+
 def _result(judged: Judged) -> HypothesisResult:
     h, j = judged.hypothesis, judged.judgement
     return HypothesisResult(
@@ -441,8 +470,41 @@ def _result(judged: Judged) -> HypothesisResult:
         plot=f"plots/{h.id}.png",
         warnings=j.warnings,
         metrics=_summaries(judged),
+        stopped=judged.stopped,
         executions=tuple(replace(x, records=()) for x in judged.executions),
     )
+
+
+def _grow(the_plan: Plan, judged: list[Judged], most: int) -> Plan | None:
+    """The plan with more replicates for executions whose verdict more replicates would likely decide."""
+    counts = dict(the_plan.replicates)
+    for item in judged:
+        needed = item.judgement.needed
+        if item.judgement.verdict is not Verdict.INCONCLUSIVE or needed is None:
+            continue
+        for key in the_plan.needs[item.hypothesis.id]:
+            counts[key] = max(counts[key], min(most, max(needed, counts[key] + 1)))
+    if counts == the_plan.replicates:
+        return None
+    return replace(the_plan, replicates=counts)
+
+
+def _growth_text(the_plan: Plan) -> str:
+    return ", ".join(f"{x.label()}: {the_plan.replicates[x.key]}" for x in the_plan.executions)
+
+
+def _stopped(item: Judged, the_plan: Plan, options: RunOptions) -> str:
+    """Why no more replicates were run for this hypothesis."""
+    counts = sorted({the_plan.replicates[k] for k in the_plan.needs[item.hypothesis.id]})
+    ran = "/".join(str(n) for n in counts)
+    j = item.judgement
+    if j.verdict in (Verdict.CONFIRMED, Verdict.REFUTED):
+        return f"decided at {ran} replicates"
+    if j.verdict is Verdict.ERROR or j.needed is None:
+        return f"more replicates would not decide it; {ran} ran"
+    if options.replicates_most() <= options.replicates_default():
+        return f"{ran} replicates planned; --max-replicates would let the run add more"
+    return f"reached --max-replicates ({options.replicates_most()})"
 
 
 # ---------------------------------------------------------------- write
@@ -459,13 +521,25 @@ def write(
     say: _Printer,
 ) -> tuple[RunResults, Path]:
     """Plots (the run's and the ledger's), the compact results, then the ledger from all results."""
+    last = {
+        h.id: (entry.run_id, entry.result)
+        for h in (i.hypothesis for i in judged)
+        for entry in ledger.history(load_all_results(project)).get(h.id, [])[-1:]
+    }
+    made = []
     for item in judged:
+        result = _result(item)
+        run_id, previous = last.get(result.id, (None, None))
+        made.append(replace(result, not_reproduced=not_reproduced(result, previous, run_id)))
+    for item, result in zip(judged, made):
         h, j = item.hypothesis, item.judgement
         for path, dpi in ((run_dir.path / "plots" / f"{h.id}.png", 150), (project.plots_dir / f"{h.id}.png", 100)):
             plots.plot_verdict(h, j, list(item.points), path, dpi=dpi)
         say(f"{h.id:<32} {j.verdict.value:<13} {j.line()}")
         for warning in j.warnings:
             say(f"{'':<32}   warning: {warning}")
+        if result.not_reproduced:
+            say(f"{'':<32}   NOT REPRODUCED: {result.not_reproduced}")
     results = RunResults(
         run_id=run_dir.run_id,
         created=run_dir.created,
@@ -473,7 +547,7 @@ def write(
         quick=quick,
         git_commit=git[0],
         git_dirty=git[1],
-        hypotheses=tuple(_result(item) for item in judged),
+        hypotheses=tuple(made),
     )
     path = write_results(project, results)
     ledger.write(project)
@@ -495,6 +569,7 @@ def run(
     force: bool = False,
     profile: str | None = None,
     replicates: int | None = None,
+    max_replicates: int | None = None,
     command: str = "",
     out: Callable[[str], None] = print,
 ) -> RunReport:
@@ -511,6 +586,7 @@ def run(
         profile=profile,
         command=command or " ".join(sys.argv),
         replicates=replicates,
+        max_replicates=max_replicates,
     )
     options.check()
     hypotheses = load_hypotheses(project, ids or None)
@@ -537,9 +613,19 @@ def run(
     timings: dict[str, float] = {}
     try:
         t0 = time.monotonic()
+        confidence = options.confidence()
         execute(project, run_dir, the_plan, options, say, done)
+        judged = judge_all(hypotheses, the_plan, done, confidence=confidence)
+        for _ in range(MORE_LOOKS if options.replicates_most() > options.replicates_default() else 0):
+            grown = _grow(the_plan, judged, options.replicates_most())
+            if grown is None:
+                break
+            the_plan = grown
+            say(f"undecided: adding replicates ({_growth_text(the_plan)})")
+            execute(project, run_dir, the_plan, options, say, done)
+            judged = judge_all(hypotheses, the_plan, done, confidence=confidence)
         timings["execute_s"] = round(time.monotonic() - t0, 3)
-        judged = judge_all(hypotheses, the_plan, done)
+        judged = [replace(item, stopped=_stopped(item, the_plan, options)) for item in judged]
         say("")
         results, results_file = write(
             project,

@@ -64,6 +64,7 @@ class Judgement:
     floor: Floor | None = None
     warnings: tuple[str, ...] = ()
     used: tuple[Point, ...] = ()  # the records the verdict was computed from (for plots, summaries)
+    needed: int | None = None  # replicates that would likely decide an inconclusive verdict
 
     def line(self) -> str:
         """One readable line: 'measured 0.18 ms [0.16, 0.21], 1,100x below the expected 200 ms'."""
@@ -131,8 +132,8 @@ def _fitness(executions: list[Execution]) -> tuple[list[Execution], str | None, 
     return fit, None, f"left out {len(unfit)} of {len(executions)} replicates: {said}"
 
 
-def judge(hypothesis: Hypothesis, executions: list[Execution]) -> Judgement:
-    """The verdict on one hypothesis from the executions (every replicate) of its probe."""
+def judge(hypothesis: Hypothesis, executions: list[Execution], *, confidence: float = 0.95) -> Judgement:
+    """The verdict on one hypothesis from the executions (every replicate) of its probe, at `confidence`."""
     expect = hypothesis.expect
     failed = [x for x in executions if x.status != "ok"]
     if failed:
@@ -148,7 +149,7 @@ def judge(hypothesis: Hypothesis, executions: list[Execution]) -> Judgement:
         return Judgement(verdict=Verdict.INCONCLUSIVE, reason=unfit, expected=expect.expected())
     sweep = hypothesis.probe.sweep
     try:
-        judgement = expect.judge(effective_points(usable, sweep.param if sweep else None))
+        judgement = expect.judge(effective_points(usable, sweep.param if sweep else None), confidence=confidence)
     except Inconclusive as exc:
         return Judgement(verdict=Verdict.INCONCLUSIVE, reason=str(exc), expected=expect.expected())
     except UserError as exc:

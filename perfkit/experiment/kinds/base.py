@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from perfkit import stats, units
 from perfkit.experiment.checker import Checker, check_scalars
-from perfkit.experiment.results import Floor
+from perfkit.experiment.results import Floor, Measured
 from perfkit.experiment.verdict import Inconclusive, Judgement, Point, Verdict
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]*$")
@@ -75,8 +75,8 @@ class Expect:
         """The expectation in words; with the floor's measured value once it is known."""
         raise NotImplementedError
 
-    def judge(self, points: list[Point]) -> Judgement:
-        """The verdict from every record of the probe's executions; raises Inconclusive."""
+    def judge(self, points: list[Point], *, confidence: float = stats.CONFIDENCE) -> Judgement:
+        """The verdict from every record of the probe's executions, at `confidence`; raises Inconclusive."""
         raise NotImplementedError
 
     def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
@@ -153,6 +153,22 @@ def samples(point: Point, unit: str | None, min_samples: int) -> list[list[float
     return [units.convert(list(r), point.unit, unit) if unit else list(r) for r in point.replicates]
 
 
+def measured(
+    label: str, unit: str | None, est: stats.Estimate, *, scale: float = 1.0, between: list[list[float]] | None = None
+) -> Measured:
+    """The verdict's measured quantity (times `scale`, e.g. 100 for a share in %) and what it rests on."""
+    return Measured(
+        label=label,
+        unit=unit,
+        value=est.value * scale,
+        low=est.low * scale,
+        high=est.high * scale,
+        replicates=est.replicates,
+        samples=est.n,
+        between=stats.between_share(between) if between is not None else None,
+    )
+
+
 def warnings_for(labelled: list[tuple[str, list[list[float]]]]) -> tuple[str, ...]:
     """What could make each labelled set of replicates mislead, prefixed with its label."""
     return tuple(f"{label}: {w}" for label, replicates in labelled for w in stats.warnings(replicates))
@@ -161,16 +177,33 @@ def warnings_for(labelled: list[tuple[str, list[list[float]]]]) -> tuple[str, ..
 # ---------------------------------------------------------------- comparing
 
 
-def bounds(low: float, high: float, *, at_least: float | None, at_most: float | None) -> tuple[Verdict, str | None]:
-    """Compare an interval with an allowed range: inside, outside, or straddling an edge."""
-    lo_ok = at_least is None or low >= at_least
-    hi_ok = at_most is None or high <= at_most
+def bounds(
+    est: stats.Estimate, *, at_least: float | None, at_most: float | None
+) -> tuple[Verdict, str | None, int | None]:
+    """Compare an interval with an allowed range: inside, outside, or straddling an edge.
+
+    A straddle says what would decide it: how many replicates would likely clear the edge at this
+    spread, or that the effect is too close to the edge to decide at this noise; the third value
+    is that number of replicates (None when confirmed, refuted or too close).
+    """
+    lo_ok = at_least is None or est.low >= at_least
+    hi_ok = at_most is None or est.high <= at_most
     if lo_ok and hi_ok:
-        return Verdict.CONFIRMED, None
-    if (at_least is not None and high < at_least) or (at_most is not None and low > at_most):
-        return Verdict.REFUTED, None
+        return Verdict.CONFIRMED, None, None
+    if (at_least is not None and est.high < at_least) or (at_most is not None and est.low > at_most):
+        return Verdict.REFUTED, None, None
     edge = at_least if not lo_ok else at_most
-    return Verdict.INCONCLUSIVE, f"the interval straddles {units.format_number(edge)}"
+    why = f"the interval straddles {units.format_number(edge)}"
+    needed = stats.replicates_to_decide(est, edge)
+    if needed is None:
+        return Verdict.INCONCLUSIVE, f"{why}: too close to it to decide at this noise", None
+    if est.replicates == 1:
+        return Verdict.INCONCLUSIVE, f"{why}: one process cannot decide it; about {needed} replicates would", needed
+    return (
+        Verdict.INCONCLUSIVE,
+        f"{why}: about {needed} replicates would likely decide it ({est.replicates} ran)",
+        needed,
+    )
 
 
 def ratio_text(measured: float, expected: float, what: str) -> str:

@@ -12,8 +12,8 @@ from typing import Any
 from perfkit import stats, units
 from perfkit.experiment import plots
 from perfkit.experiment.checker import Checker
-from perfkit.experiment.kinds.base import Expect, bounds, candidates, samples, warnings_for
-from perfkit.experiment.results import Floor, Measured
+from perfkit.experiment.kinds.base import Expect, bounds, candidates, measured, samples, warnings_for
+from perfkit.experiment.results import Floor
 from perfkit.experiment.verdict import Inconclusive, Judgement, Point
 
 
@@ -45,7 +45,7 @@ class Scaling(Expect):
     def expected(self, floor: Floor | None = None) -> str:
         return f"{self.metric} ∝ {self.over}^k, k = {self._claim()}"
 
-    def judge(self, points: list[Point]) -> Judgement:
+    def judge(self, points: list[Point], *, confidence: float = stats.CONFIDENCE) -> Judgement:
         found = [p for p in candidates(points, self.metric, self.at) if self.over in p.at]
         if not found:
             raise Inconclusive(f"no record of {self.metric} says which {self.over} it was measured at")
@@ -69,18 +69,19 @@ class Scaling(Expect):
                 "each replicate must measure every point"
             )
         try:
-            est = stats.slope_estimate([float(p.at[self.over]) for p in found], per_point)
+            est = stats.slope_estimate([float(p.at[self.over]) for p in found], per_point, confidence=confidence)
         except ValueError as exc:
             raise Inconclusive(f"cannot fit an exponent: {exc}") from None
-        verdict, why = bounds(
-            est.low, est.high, at_least=self.exponent - self.tolerance, at_most=self.exponent + self.tolerance
+        verdict, why, needed = bounds(
+            est, at_least=self.exponent - self.tolerance, at_most=self.exponent + self.tolerance
         )
         diff = est.value - self.exponent
         return Judgement(
             verdict=verdict,
             reason=why,
+            needed=needed,
             expected=self.expected(),
-            measured=Measured(label="exponent", unit=None, value=est.value, low=est.low, high=est.high),
+            measured=measured("exponent", None, est),
             off_by=(
                 f"{units.format_number(abs(diff), 2)} {'above' if diff >= 0 else 'below'} "
                 f"the expected exponent {self._claim()}"

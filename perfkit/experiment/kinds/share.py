@@ -14,6 +14,7 @@ from perfkit.experiment import plots
 from perfkit.experiment.checker import Checker
 from perfkit.experiment.kinds.base import (
     Expect,
+    measured,
     off_range,
     one,
     range_text,
@@ -23,7 +24,7 @@ from perfkit.experiment.kinds.base import (
     warnings_for,
 )
 from perfkit.experiment.kinds.base import bounds as compare
-from perfkit.experiment.results import Floor, Measured
+from perfkit.experiment.results import Floor
 from perfkit.experiment.verdict import Inconclusive, Judgement, Point
 from perfkit.phases import BREAKDOWN, STEP, UNATTRIBUTED
 
@@ -76,7 +77,7 @@ class Share(Expect):
     def expected(self, floor: Floor | None = None) -> str:
         return f"{self.metric} / {self.of} {range_text(self.at_least, self.at_most, _pct)}"
 
-    def judge(self, points: list[Point]) -> Judgement:
+    def judge(self, points: list[Point], *, confidence: float = stats.CONFIDENCE) -> Judgement:
         part = one(points, self.metric, self.at)
         whole = same_point(points, self.of, part.at)
         part_samples = samples(part, None, self.min_samples)
@@ -87,15 +88,16 @@ class Share(Expect):
             and [len(r) for r in part_samples] == [len(r) for r in whole_samples]
         )
         try:
-            est = stats.ratio_estimate(part_samples, whole_samples, paired=paired, log=False)
+            est = stats.ratio_estimate(part_samples, whole_samples, paired=paired, log=False, confidence=confidence)
         except ValueError as exc:
             raise Inconclusive(f"cannot compute {self.metric} / {self.of}: {exc}") from None
-        verdict, why = compare(est.low, est.high, at_least=self.at_least, at_most=self.at_most)
+        verdict, why, needed = compare(est, at_least=self.at_least, at_most=self.at_most)
         return Judgement(
             verdict=verdict,
             reason=why,
+            needed=needed,
             expected=self.expected(),
-            measured=Measured(label="share", unit="%", value=est.value * 100, low=est.low * 100, high=est.high * 100),
+            measured=measured("share", "%", est, scale=100, between=part_samples),
             off_by=off_range(est.value, self.at_least, self.at_most, _pct, "share"),
             warnings=warnings_for([(part.name, part_samples), (whole.name, whole_samples)]),
             used=(part, whole),

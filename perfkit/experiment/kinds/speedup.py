@@ -9,8 +9,18 @@ from perfkit import stats, units
 from perfkit.errors import UserError
 from perfkit.experiment import plots
 from perfkit.experiment.checker import Checker
-from perfkit.experiment.kinds.base import Expect, bounds, off_range, one, range_text, read_range, samples, warnings_for
-from perfkit.experiment.results import Floor, Measured
+from perfkit.experiment.kinds.base import (
+    Expect,
+    bounds,
+    measured,
+    off_range,
+    one,
+    range_text,
+    read_range,
+    samples,
+    warnings_for,
+)
+from perfkit.experiment.results import Floor
 from perfkit.experiment.verdict import Inconclusive, Judgement, Point
 
 
@@ -41,7 +51,7 @@ class Speedup(Expect):
             f"{range_text(self.at_least, self.at_most, units.format_factor)}"
         )
 
-    def judge(self, points: list[Point]) -> Judgement:
+    def judge(self, points: list[Point], *, confidence: float = stats.CONFIDENCE) -> Judgement:
         base = one(points, self.baseline, self.at)
         cand = one(points, self.candidate, self.at)
         unit = base.unit
@@ -57,15 +67,16 @@ class Speedup(Expect):
         if len(num) != len(den):
             raise Inconclusive(f"{self.baseline} and {self.candidate} come from different numbers of replicates")
         try:
-            est = stats.ratio_estimate(num, den, paired=False)
+            est = stats.ratio_estimate(num, den, paired=False, confidence=confidence)
         except ValueError as exc:
             raise Inconclusive(f"cannot compute the speedup: {exc}") from None
-        verdict, why = bounds(est.low, est.high, at_least=self.at_least, at_most=self.at_most)
+        verdict, why, needed = bounds(est, at_least=self.at_least, at_most=self.at_most)
         return Judgement(
             verdict=verdict,
             reason=why,
+            needed=needed,
             expected=self.expected(),
-            measured=Measured(label="speedup", unit="x", value=est.value, low=est.low, high=est.high),
+            measured=measured("speedup", "x", est),
             off_by=off_range(est.value, self.at_least, self.at_most, units.format_factor, "speedup"),
             warnings=warnings_for([(base.name, base_samples), (cand.name, cand_samples)]),
             used=(base, cand),

@@ -12,8 +12,8 @@ from typing import Any
 from perfkit import stats, units
 from perfkit.experiment import plots
 from perfkit.experiment.checker import Checker
-from perfkit.experiment.kinds.base import Expect, bounds, one, ratio_text, samples, warnings_for
-from perfkit.experiment.results import Floor, Measured
+from perfkit.experiment.kinds.base import Expect, bounds, measured, one, ratio_text, samples, warnings_for
+from perfkit.experiment.results import Floor
 from perfkit.experiment.verdict import Judgement, Point
 
 _KEYS = {"metric": True, "unit": True, "value": False, "floor": False, "factor": False}
@@ -71,19 +71,20 @@ class _Value(Expect):
     def _edges(self, reference: float) -> tuple[float | None, float | None]:
         raise NotImplementedError
 
-    def judge(self, points: list[Point]) -> Judgement:
+    def judge(self, points: list[Point], *, confidence: float = stats.CONFIDENCE) -> Judgement:
         point = one(points, self.metric, self.at)
         values = samples(point, self.unit, self.min_samples)
-        est = stats.mean_estimate(values)
+        est = stats.mean_estimate(values, confidence=confidence)
         floor = self._floor(points)
         reference, _ = self._reference(floor)
         low_edge, high_edge = self._edges(reference)
-        verdict, why = bounds(est.low, est.high, at_least=low_edge, at_most=high_edge)
+        verdict, why, needed = bounds(est, at_least=low_edge, at_most=high_edge)
         return Judgement(
             verdict=verdict,
             reason=why,
+            needed=needed,
             expected=self.expected(floor),
-            measured=Measured(label="mean", unit=self.unit, value=est.value, low=est.low, high=est.high),
+            measured=measured("mean", self.unit, est, between=values),
             off_by=self._off_by(est.value, reference, floor),
             floor=floor,
             warnings=warnings_for([(self.metric, values)]),
