@@ -1,23 +1,42 @@
 from perfkit.machine import fitness
 
 
-def trace(machine_percent, tree_percent, cores=2):
-    return {"logical_cores": cores, "system_cpu_percent": machine_percent, "cpu_percent": tree_percent}
+def trace(machine_percent, tree_percent, cores=2, interval_s=0.25):
+    """Samples every interval_s: the machine's CPU in % of all cores, the probe tree's in % of one core."""
+    return {
+        "logical_cores": cores,
+        "interval_s": interval_s,
+        "t": [i * interval_s for i in range(len(machine_percent))],
+        "system_cpu_percent": machine_percent,
+        "cpu_percent": tree_percent,
+    }
 
 
 def test_a_quiet_machine_is_fit_even_when_the_probe_is_busy():
-    assert fitness.unfit(trace([50, 100, 100, 99], [100, 200, 199, 198])) is None
+    assert fitness.unfit(trace([50, 100, 100, 99, 100], [100, 200, 199, 198, 200])) is None
     assert fitness.unfit(None) is None and fitness.unfit(trace([None], [None])) is None
 
 
 def test_another_process_on_a_core_makes_the_replicate_unfit():
-    why = fitness.unfit(
-        trace([100, 100, 100, 100], [100, 100, 95, 100])
-    )  # the probe on one core, a stranger on the other
+    # the probe on one core, a stranger on the other
+    why = fitness.unfit(trace([100] * 9, [100, 100, 95, 100, 100, 100, 100, 100, 100]))
     assert why.startswith("machine busy: 1.0 cores used by other processes")
 
 
 def test_a_load_episode_is_caught_even_when_the_mean_is_low():
-    quiet, busy = [10] * 6, [100] * 3  # 3 of 9 samples with a whole other core busy
-    why = fitness.unfit(trace(quiet + busy, [20] * 6 + [20] * 3))
+    quiet, busy = [10] * 9, [100] * 8  # two of five seconds with a whole other core busy
+    why = fitness.unfit(trace(quiet + busy + quiet[:4], [20] * 21))
     assert why is not None and "more than one core" in why
+
+
+def test_a_process_the_tree_finds_late_is_not_foreign_load():
+    # the kernel runs a core from the start; the tree finds it at the next scan and counts it in a lump
+    machine = [50] * 9
+    tree = [0, 0, 0, 400, 100, 100, 100, 100, 100]
+    assert fitness.unfit(trace(machine, tree)) is None
+
+
+def test_only_the_time_the_cells_ran_counts():
+    t = trace([100] * 5 + [10] * 8, [0] * 5 + [20] * 8)  # a stranger during start-up, then quiet
+    assert fitness.unfit(t) is not None
+    assert fitness.unfit(t, window=(1.25, 3.0)) is None

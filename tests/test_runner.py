@@ -31,7 +31,9 @@ def first(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         # other people edit perfkit while tests run; the cache key must not move under this module
         mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-        mp.setattr(runner.fitness, "unfit", lambda trace: None)  # the suite shares the machine with other work
+        mp.setattr(
+            runner.fitness, "unfit", lambda trace, window=None: None
+        )  # the suite shares the machine with other work
         report = runner.run(
             project, all_hypotheses=True, quick=True, jobs=2, timeout_s=15, replicates=1, out=lines.append
         )
@@ -42,7 +44,7 @@ def rerun(project, **kwargs):
     lines: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-        mp.setattr(runner.fitness, "unfit", kwargs.pop("unfit", lambda trace: None))
+        mp.setattr(runner.fitness, "unfit", kwargs.pop("unfit", lambda trace, window=None: None))
         kwargs.setdefault("replicates", 1)
         report = runner.run(project, quick=True, out=lines.append, **kwargs)
     return report, lines
@@ -162,7 +164,9 @@ def test_param_overrides_are_checked(first):
 
 
 def test_shipped_mask_build_probe_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner.fitness, "unfit", lambda trace: None)  # other tests may be running beside this one
+    monkeypatch.setattr(
+        runner.fitness, "unfit", lambda trace, window=None: None
+    )  # other tests may be running beside this one
     shutil.copytree(ROOT / "hypotheses", tmp_path / "hypotheses", ignore=shutil.ignore_patterns("ledger", "LEDGER.md"))
     shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
     lines: list[str] = []
@@ -224,7 +228,7 @@ def test_replicates_run_in_rounds_are_told_their_index_and_a_busy_one_is_rerun(f
     project, _, _ = first
     busy_once = {"left": 1}
 
-    def unfit(trace):  # the first replicate to finish was measured on a busy machine; the re-run is fine
+    def unfit(trace, window=None):  # the first replicate to finish was measured on a busy machine; the re-run is fine
         if busy_once["left"]:
             busy_once["left"] -= 1
             return "machine busy: 1.0 cores used by other processes on average"
@@ -250,7 +254,7 @@ def test_a_verdict_resting_on_a_busy_machine_is_inconclusive_with_the_reason(fir
         ids=["fx-cost-confirmed"],
         force=True,
         replicates=2,
-        unfit=lambda trace: "machine busy: 1.2 cores used by other processes on average",
+        unfit=lambda trace, window=None: "machine busy: 1.2 cores used by other processes on average",
     )
     (result,) = report.results.hypotheses
     assert result.verdict == "inconclusive"

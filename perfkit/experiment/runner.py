@@ -276,10 +276,12 @@ def _execute_one(
         )
     finally:
         trace_data = sampler.stop()
-    ended = replace(ended, unfit=fitness.unfit(trace_data))
-    write_atomic(exec_dir / "utilization.json", dumps(json.loads(json.dumps(trace_data, default=str))))
     nb = executor.read_notebook(exec_dir / "executed.ipynb")
-    utilization.plot_trace(trace_data, exec_dir / "utilization.png", intervals=executor.cell_times(nb) if nb else [])
+    cells = executor.cell_times(nb) if nb else []
+    window = (min(c[1] for c in cells), max(c[2] for c in cells)) if cells else None  # when the cells ran
+    ended = replace(ended, unfit=fitness.unfit(trace_data, window))
+    write_atomic(exec_dir / "utilization.json", dumps(json.loads(json.dumps(trace_data, default=str))))
+    utilization.plot_trace(trace_data, exec_dir / "utilization.png", intervals=cells)
     write_execution(exec_dir / "execution.json", ended)
     detail = f"{len(ended.records)} records" if ended.status == "ok" else ended.reason
     status = "ok" if ended.status == "ok" else ended.status.upper()

@@ -50,10 +50,11 @@ class _Tree:
         self.cpu_s: dict[int, float] = {}
         self.last_t: float | None = None
         self.scanned_at = float("-inf")
+        self.scanned_before = float("-inf")  # the scan before the last: a process born since is new to us
 
     def _members(self, now: float) -> list[psutil.Process]:
         if now - self.scanned_at >= self.rescan_s:
-            self.scanned_at = now
+            self.scanned_before, self.scanned_at = self.scanned_at, now
             try:
                 found = [self.root] + self.root.children(recursive=True)
             except psutil.NoSuchProcess:
@@ -81,8 +82,9 @@ class _Tree:
             rss += mem
             if p.pid in self.cpu_s:
                 busy += max(0.0, total - self.cpu_s[p.pid])
-            elif self.last_t is not None and created >= self.last_t:
-                busy += total  # born during the interval: all its CPU time belongs to it
+            elif self.last_t is not None and created >= self.scanned_before:
+                # born since the previous scan: all its CPU time is the tree's, counted now rather than lost
+                busy += total
         now = time.time()  # when the counters were read (the thread may have waited for the GIL)
         percent = None if self.last_t is None else 100.0 * busy / max(now - self.last_t, 1e-9)
         self.cpu_s = seen
