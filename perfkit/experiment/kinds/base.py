@@ -238,6 +238,17 @@ def off_range(value: float, at_least: float | None, at_most: float | None, fmt, 
     return ratio_text(value, at_most, f"the claimed maximum {what} {fmt(at_most)}")
 
 
+def read_unit(checker: Checker, expect: dict, where: tuple) -> str | None:
+    """The record's `unit`, when there is one and perfkit knows it."""
+    if "unit" not in expect:
+        return None
+    unit = expect["unit"]
+    if not units.is_unit(unit):
+        checker.fail(where + ("unit",), f"unknown unit {unit!r}; expected one of: {', '.join(units.KNOWN_UNITS)}")
+        return None
+    return unit
+
+
 def read_range(checker: Checker, expect: dict, where: tuple, *, positive: bool) -> dict[str, float | None]:
     """`at_least` and/or `at_most`, at least one of them."""
     fields = {k: checker.number(expect, k, where, positive=positive) for k in ("at_least", "at_most")}

@@ -19,6 +19,7 @@ from perfkit.experiment.kinds.base import (
     one,
     range_text,
     read_range,
+    read_unit,
     same_point,
     samples,
     warnings_for,
@@ -49,16 +50,11 @@ class Share(Expect):
     @classmethod
     def read(cls, checker: Checker, expect: dict, where: tuple) -> dict[str, Any]:
         fields: dict[str, Any] = cls.names(checker, expect, where, "metric", "of")
-        if "unit" in expect:
-            unit = expect["unit"]
-            if not units.is_unit(unit):
-                checker.fail(
-                    where + ("unit",), f"unknown unit {unit!r}; expected one of: {', '.join(units.KNOWN_UNITS)}"
-                )
-            elif units.dimension(unit) != "fraction":
-                checker.fail(where + ("unit",), f"a share is a fraction; expected 'fraction' or '%', got {unit!r}")
-            else:
-                fields["unit"] = unit
+        unit = read_unit(checker, expect, where)
+        if unit is not None and units.dimension(unit) != "fraction":
+            checker.fail(where + ("unit",), f"a share is a fraction; expected 'fraction' or '%', got {unit!r}")
+        elif unit is not None:
+            fields["unit"] = unit
         fields.update(read_range(checker, expect, where, positive=False))
         scale = units.factor(fields.get("unit") or "fraction", "fraction")
         for key in ("at_least", "at_most"):

@@ -12,7 +12,7 @@ from typing import Any
 from perfkit import stats, units
 from perfkit.experiment import plots
 from perfkit.experiment.checker import Checker
-from perfkit.experiment.kinds.base import Expect, bounds, measured, one, ratio_text, samples, warnings_for
+from perfkit.experiment.kinds.base import Expect, bounds, measured, one, ratio_text, read_unit, samples, warnings_for
 from perfkit.experiment.results import Floor
 from perfkit.experiment.verdict import Judgement, Point
 
@@ -30,14 +30,7 @@ class _Value(Expect):
     @classmethod
     def read(cls, checker: Checker, expect: dict, where: tuple) -> dict[str, Any]:
         fields: dict[str, Any] = cls.names(checker, expect, where, "metric", "floor")
-        if "unit" in expect:
-            unit = expect["unit"]
-            if not units.is_unit(unit):
-                checker.fail(
-                    where + ("unit",), f"unknown unit {unit!r}; expected one of: {', '.join(units.KNOWN_UNITS)}"
-                )
-            else:
-                fields["unit"] = unit
+        fields["unit"] = read_unit(checker, expect, where)
         fields["value"] = checker.number(expect, "value", where, positive=True)
         fields["factor"] = checker.number(expect, "factor", where, positive=True, at_least=cls._least_factor())
         if ("value" in expect) == ("floor" in expect):
