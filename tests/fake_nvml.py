@@ -62,4 +62,6 @@ def make(*, driver: bool = True, unsupported: tuple[str, ...] = ()) -> types.Mod
     fn("nvmlDeviceGetMaxPcieLinkGeneration", 5)
     fn("nvmlDeviceGetMaxPcieLinkWidth", 16)
     fn("nvmlDeviceGetUtilizationRates", lambda h: Util(87, 55))
+    fn("nvmlDeviceGetCurrentClocksThrottleReasons", 0)
+    fn("nvmlDeviceGetComputeRunningProcesses", [])
     return m

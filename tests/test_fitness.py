@@ -40,3 +40,35 @@ def test_only_the_time_the_cells_ran_counts():
     t = trace([100] * 5 + [10] * 8, [0] * 5 + [20] * 8)  # a stranger during start-up, then quiet
     assert fitness.unfit(t) is not None
     assert fitness.unfit(t, window=(1.25, 3.0)) is None
+
+
+def quiet(n=9):
+    return trace([10] * n, [20] * n)
+
+
+def test_swapping_a_falling_clock_and_a_throttled_or_shared_gpu_are_unfit():
+    t = quiet()
+    t["swap_bytes"] = [0] * 4 + [64 * 2**20] * 5
+    assert fitness.unfit(t).startswith("swapping: 64 MiB")
+    t = quiet()
+    t["cpu_freq_mhz"] = [3000] * 6 + [1200] * 3
+    assert fitness.unfit(t) == "CPU clock fell to 1200 MHz (median 3000 MHz)"
+    t = quiet()
+    t["gpus"] = [{"index": 0, "throttle_reasons": [0, 0, 0x1, 0x4, 0x4, 0, 0, 0, 0], "gpu_pids": [[7]] * 9}]
+    t["tree_pids"] = [7]
+    assert fitness.unfit(t) == "GPU 0 throttled (power cap) 22% of the time"
+    t["gpus"][0]["throttle_reasons"] = [0x1] * 9  # idle is not throttling
+    assert fitness.unfit(t) is None
+    t["gpus"][0]["gpu_pids"] = [[7, 4242]] * 9
+    assert fitness.unfit(t) == "GPU 0 used by 1 other processes (pid 4242)"
+
+
+def test_free_cores_counts_what_others_leave(monkeypatch):
+    import psutil
+
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 8)
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None: 25.0)  # two of eight cores busy
+    assert fitness.free_cores() == 6
+    assert fitness.free_cores(sharing=4) == 1
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None: 100.0)
+    assert fitness.free_cores() == 1  # never none

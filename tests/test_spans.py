@@ -182,6 +182,17 @@ def test_bench_returns_samples_with_warmup_and_min_time():
         bench(lambda: None, sync="gpu")
 
 
+def test_bench_caps_its_samples_whatever_min_time_asks():
+    from perfkit.probe.timing import MAX_SAMPLES, bench
+
+    calls = []
+    capped = bench(lambda: calls.append(1), warmup=0, repeat=3, min_time_s=60.0, max_samples=500)
+    assert len(capped) == 500 == len(calls)  # it stopped at the cap, long before 60 s
+    assert MAX_SAMPLES <= 100_000
+    with pytest.raises(ValueError):
+        bench(lambda: None, repeat=10, max_samples=5)
+
+
 def test_public_bench_stays_the_function_after_its_module_is_imported():
     import perfkit
     import perfkit.probe.timing  # noqa: F401  (a submodule import must not shadow the function)

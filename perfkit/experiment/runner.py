@@ -254,13 +254,17 @@ def _execute_one(
     exec_dir.mkdir(parents=True, exist_ok=True)
     notebook = project.notebooks_dir / planned.notebook
     env = {}
+    if not any(name in os.environ for name in fitness.THREAD_VARIABLES):  # the user's choice stands
+        threads = fitness.free_cores(sharing=options.jobs)
+        env.update({name: str(threads) for name in fitness.THREAD_VARIABLES})
+    threads_text = env.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS")
     if options.profile == "torch":
         trace = exec_dir / "torch_trace.json"
         env["PERFKIT_TORCH_PROFILE"] = str(trace)
         notebook = _profiled_notebook(notebook, exec_dir / "input.ipynb", str(trace))
     sampler = utilization.Sampler(interval_s=0.25)
     label = f"{planned.label()} [replicate {planned.replicate}]"
-    say(f"{tag} start    {label}")
+    say(f"{tag} start    {label}  ({threads_text} threads)")
     sampler.start()
     try:
         ended = executor.execute(

@@ -1,9 +1,11 @@
 """Was the machine fit to measure on while a probe ran? Judged from its utilization trace.
 
-A measurement taken while other work competed for the CPU is not evidence: with one of two cores
-taken by another process, torch's threads stall and a mask build went bimodal at 0.3 and 31 ms.
-The trace samples the probe's own process tree and the whole machine; what the machine did
-beyond the tree is foreign load.
+A measurement taken while other work competed for the machine is not evidence: with one of two
+cores taken by another process, torch's threads stall and a mask build went bimodal at 0.3 and
+31 ms. The trace samples the probe's own process tree and the whole machine. Unfit: foreign CPU
+load (what the machine did beyond the tree), swapping, the CPU clock falling, a GPU throttled
+(power cap, thermal or hardware slowdown, as NVML reports it) or used by a process outside the
+tree. Only the time the notebook's cells ran counts.
 """
 
 from __future__ import annotations
@@ -12,6 +14,27 @@ from __future__ import annotations
 FOREIGN_CORES = 0.5
 #: ... or this share of the samples with more than a whole core of foreign load (a load episode)
 EPISODE_SHARE = 0.25
+SWAP_BYTES = 16 * 2**20  # swapped in or out during the measurement
+CLOCK_DROP = 0.7  # the CPU clock below this share of its median in the window
+#: NVML clock-throttle reasons that slow a measurement (idle, application and display clock
+#: settings are not throttling): SW power cap, HW slowdown, SW/HW thermal, HW power brake
+THROTTLES = {0x4: "power cap", 0x8: "hardware slowdown", 0x20: "thermal", 0x40: "hardware thermal", 0x80: "power brake"}
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what torch's CPU thread pools read at start
+
+
+def free_cores(*, sharing: int = 1, seconds: float = 0.2) -> int:
+    """Cores not busy right now (measured over `seconds`), shared by `sharing` probes at once; at least 1.
+
+    torch starts one thread per core; with one of two cores taken by another process its threads
+    stall on each other, so a probe is given the cores that are actually free.
+    """
+    import psutil
+
+    cores = psutil.cpu_count(logical=True) or 1
+    busy = psutil.cpu_percent(interval=seconds) / 100.0 * cores
+    return max(1, int(cores - busy + 0.5) // max(1, sharing))
 
 
 BLOCK_S = 1.0  # foreign load is judged per second or so: the tree finds new processes once a second
@@ -44,10 +67,17 @@ def foreign_cores(trace: dict, window: tuple[float, float] | None = None) -> lis
     return out
 
 
-def unfit(trace: dict | None, window: tuple[float, float] | None = None) -> str | None:
-    """Why the machine was not fit to measure on during this trace (within `window`), or None when it was."""
-    if not trace:
-        return None
+def _inside(trace: dict, values: list, window: tuple[float, float] | None) -> list:
+    """The values of the samples taken inside the window (all of them without one), None dropped."""
+    times = trace.get("t", [])
+    return [
+        v
+        for i, v in enumerate(values)
+        if v is not None and (window is None or (i < len(times) and window[0] <= times[i] <= window[1]))
+    ]
+
+
+def _busy(trace: dict, window: tuple[float, float] | None) -> str | None:
     load = foreign_cores(trace, window)
     if not load:
         return None
@@ -57,4 +87,46 @@ def unfit(trace: dict | None, window: tuple[float, float] | None = None) -> str 
         return f"machine busy: {mean:.1f} cores used by other processes on average" + (
             f", more than one core {episode:.0%} of the time" if episode > EPISODE_SHARE else ""
         )
+    return None
+
+
+def _swapping(trace: dict, window: tuple[float, float] | None) -> str | None:
+    swapped = _inside(trace, trace.get("swap_bytes", []), window)
+    moved = swapped[-1] - swapped[0] if len(swapped) > 1 else 0
+    return f"swapping: {moved / 2**20:.0f} MiB swapped in or out" if moved > SWAP_BYTES else None
+
+
+def _clock(trace: dict, window: tuple[float, float] | None) -> str | None:
+    freq = sorted(_inside(trace, trace.get("cpu_freq_mhz", []), window))
+    if len(freq) < 2:
+        return None
+    median = freq[len(freq) // 2]
+    if freq[0] < CLOCK_DROP * median:
+        return f"CPU clock fell to {freq[0]:.0f} MHz (median {median:.0f} MHz)"
+    return None
+
+
+def _gpus(trace: dict, window: tuple[float, float] | None) -> str | None:
+    tree = set(trace.get("tree_pids", []))
+    for gpu in trace.get("gpus", []):
+        reasons = _inside(trace, gpu.get("throttle_reasons", []), window)
+        hit = sorted({name for r in reasons for bit, name in THROTTLES.items() if r & bit})
+        if hit:
+            share = sum(1 for r in reasons if any(r & bit for bit in THROTTLES)) / len(reasons)
+            return f"GPU {gpu.get('index')} throttled ({', '.join(hit)}) {share:.0%} of the time"
+        strangers = sorted({pid for pids in _inside(trace, gpu.get("gpu_pids", []), window) for pid in pids} - tree)
+        if tree and strangers:
+            shown = ", ".join(map(str, strangers[:3]))
+            return f"GPU {gpu.get('index')} used by {len(strangers)} other processes (pid {shown})"
+    return None
+
+
+def unfit(trace: dict | None, window: tuple[float, float] | None = None) -> str | None:
+    """Why the machine was not fit to measure on during this trace (within `window`), or None when it was."""
+    if not trace:
+        return None
+    for check in (_busy, _swapping, _clock, _gpus):
+        why = check(trace, window)
+        if why:
+            return why
     return None

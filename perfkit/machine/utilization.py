@@ -7,7 +7,10 @@ notebook kernels it starts), CPU utilisation (% of one core, summed) and residen
 system-wide CPU load, and per NVIDIA GPU through NVML: utilisation, memory used, SM and memory
 clocks and power. It measures its own CPU time, so its overhead is a number in every trace.
 
-Format history (`format_version`): 1: first format (the key was `format`); 2: `format_version`.
+Format history (`format_version`): 1: first format (the key was `format`); 2: `format_version`;
+3: what judges whether the machine was fit to measure on: `swap_bytes` (swapped in + out since
+boot), `cpu_freq_mhz`, `tree_pids` (every process of the tree), and per GPU `throttle_reasons`
+(NVML's bit mask), `temperature_c` and `gpu_pids` (processes using it).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from perfkit.machine.devices import nvml
 
 __all__ = ["Sampler", "plot_trace", "busy_cpu_seconds", "FORMAT_VERSION"]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 
 def busy_cpu_seconds(before, after) -> tuple[float, float]:
@@ -47,6 +50,7 @@ class _Tree:
         self.root = psutil.Process(pid)
         self.rescan_s = rescan_s
         self.procs: dict[int, psutil.Process] = {}
+        self.ever: set[int] = set()  # every pid the tree has had
         self.cpu_s: dict[int, float] = {}
         self.last_t: float | None = None
         self.scanned_at = float("-inf")
@@ -62,6 +66,7 @@ class _Tree:
             for p in found:
                 self.procs.setdefault(p.pid, p)  # keep one Process per pid (it remembers create_time)
             self.procs = {p.pid: self.procs[p.pid] for p in found}
+            self.ever.update(self.procs)
         return list(self.procs.values())
 
     def read(self) -> tuple[float, float | None, int, int]:
@@ -163,6 +168,9 @@ class Sampler:
             "system_cpu_percent": [],
             "rss_bytes": [],
             "processes": [],
+            "swap_bytes": [],
+            "cpu_freq_mhz": [],
+            "tree_pids": [],
             "logical_cores": psutil.cpu_count(logical=True),
             "gpus": [],
             "gpu_note": None,
@@ -183,6 +191,8 @@ class Sampler:
                     trace["system_cpu_percent"].append(None if sys_cpu is None else round(sys_cpu, 2))
                     trace["rss_bytes"].append(rss)
                     trace["processes"].append(count)
+                    trace["swap_bytes"].append(_swapped())
+                    trace["cpu_freq_mhz"].append(_frequency())
                     for series, handle in gpus:
                         self._gpu_sample(nv, handle, series)
 
@@ -191,6 +201,7 @@ class Sampler:
                 while not self._stop.wait(self.interval_s):
                     sample()
                 sample()  # at stop: even a probe shorter than interval_s gets a start and an end
+                trace["tree_pids"] = sorted(tree.ever)
         except BaseException as exc:  # surfaced by stop(); a dead sampler must not look like an idle machine
             self._error = exc
         finally:
@@ -217,6 +228,9 @@ class Sampler:
             "sm_clock_mhz": [],
             "mem_clock_mhz": [],
             "power_w": [],
+            "throttle_reasons": [],
+            "temperature_c": [],
+            "gpu_pids": [],
         }
         return series, handle
 
@@ -232,6 +246,26 @@ class Sampler:
         series["sm_clock_mhz"].append(nv.query("nvmlDeviceGetClockInfo", handle, m.NVML_CLOCK_SM))
         series["mem_clock_mhz"].append(nv.query("nvmlDeviceGetClockInfo", handle, m.NVML_CLOCK_MEM))
         series["power_w"].append(None if power is None else power / 1e3)
+        series["throttle_reasons"].append(nv.query("nvmlDeviceGetCurrentClocksThrottleReasons", handle))
+        series["temperature_c"].append(nv.query("nvmlDeviceGetTemperature", handle, m.NVML_TEMPERATURE_GPU))
+        running = nv.query("nvmlDeviceGetComputeRunningProcesses", handle)
+        series["gpu_pids"].append(None if running is None else sorted(p.pid for p in running))
+
+
+def _swapped() -> int | None:
+    try:
+        swap = psutil.swap_memory()
+    except (OSError, RuntimeError):
+        return None
+    return int(swap.sin + swap.sout)
+
+
+def _frequency() -> float | None:
+    try:
+        freq = psutil.cpu_freq()
+    except (OSError, RuntimeError, NotImplementedError):
+        return None
+    return None if freq is None or not freq.current else round(float(freq.current), 1)
 
 
 # --- the plot --------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from collections.abc import Callable
 __all__ = ["bench"]
 
 SYNCS = ("auto", "cuda", "each", "none")
+MAX_SAMPLES = 10_000
 
 
 def _cuda_for(sync: str):
@@ -37,15 +38,17 @@ def _cuda_for(sync: str):
     return None
 
 
-def _more(count: int, spent: float, repeat: int, min_time_s: float | None) -> bool:
+def _more(count: int, spent: float, repeat: int, min_time_s: float | None, cap: int) -> bool:
+    if count >= cap:  # memory and the statistics stay bounded whatever min_time_s asks
+        return False
     return count < repeat or (min_time_s is not None and spent < min_time_s)
 
 
-def _by_events(fn, cuda, *, repeat: int, min_time_s: float | None, inner: int) -> list[float]:
+def _by_events(fn, cuda, *, repeat: int, min_time_s: float | None, inner: int, cap: int) -> list[float]:
     cuda.synchronize()
     pairs = []
     t_start = time.perf_counter()
-    while _more(len(pairs), time.perf_counter() - t_start, repeat, min_time_s):  # host time bounds the loop
+    while _more(len(pairs), time.perf_counter() - t_start, repeat, min_time_s, cap):  # host time bounds the loop
         start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
         start.record()
         for _ in range(inner):
@@ -56,13 +59,13 @@ def _by_events(fn, cuda, *, repeat: int, min_time_s: float | None, inner: int) -
     return [s.elapsed_time(e) / 1e3 / inner for s, e in pairs]
 
 
-def _by_host_clock(fn, drain, *, repeat: int, min_time_s: float | None, inner: int) -> list[float]:
+def _by_host_clock(fn, drain, *, repeat: int, min_time_s: float | None, inner: int, cap: int) -> list[float]:
     """`drain`: the device synchronisation to run after every call, or None (nothing added to the loop)."""
     call = fn if drain is None else (lambda: (fn(), drain()))
     samples: list[float] = []
     spent = 0.0
     clock = time.perf_counter
-    while _more(len(samples), spent, repeat, min_time_s):
+    while _more(len(samples), spent, repeat, min_time_s, cap):
         if drain is not None:
             drain()  # outside the sample: what earlier calls left queued is not this sample's
         t0 = clock()
@@ -82,19 +85,22 @@ def bench(
     min_time_s: float | None = None,
     inner: int = 1,
     sync: str = "auto",
+    max_samples: int = MAX_SAMPLES,
 ) -> list[float]:
     """Seconds per call of `fn()`, one sample per repetition (`inner` calls averaged).
 
-    Runs at least `repeat` samples, and more until `min_time_s` of measured time when given.
+    Runs at least `repeat` samples, and more until `min_time_s` of measured time when given, but
+    never more than `max_samples`: a tiny function timed for long would otherwise return hundreds
+    of thousands of samples (raise `inner` to time it longer).
     `sync`: "auto" (CUDA events when torch has initialised CUDA), "cuda" (CUDA events), "each"
     (host clock, the device synchronised after every call) or "none" (host clock only).
     """
-    if repeat < 1 or inner < 1 or warmup < 0:
-        raise ValueError("bench needs repeat >= 1, inner >= 1 and warmup >= 0")
+    if repeat < 1 or inner < 1 or warmup < 0 or max_samples < repeat:
+        raise ValueError("bench needs repeat >= 1, inner >= 1, warmup >= 0 and max_samples >= repeat")
     cuda = _cuda_for(sync)
     for _ in range(warmup):
         fn()
     if cuda is not None and sync != "each":
-        return _by_events(fn, cuda, repeat=repeat, min_time_s=min_time_s, inner=inner)
+        return _by_events(fn, cuda, repeat=repeat, min_time_s=min_time_s, inner=inner, cap=max_samples)
     drain = cuda.synchronize if cuda is not None else None
-    return _by_host_clock(fn, drain, repeat=repeat, min_time_s=min_time_s, inner=inner)
+    return _by_host_clock(fn, drain, repeat=repeat, min_time_s=min_time_s, inner=inner, cap=max_samples)
