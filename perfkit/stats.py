@@ -148,17 +148,19 @@ def t_quantile(p: float, df: float) -> float:
 
 def _batches(n: int) -> list[slice]:
     """Contiguous batches of one process's samples (all samples used; sizes differ by at most one)."""
-    count = min(BATCHES, n // MIN_BATCH) if n >= 2 * MIN_BATCH else n
+    count = min(BATCHES, n, max(5, n // MIN_BATCH))  # no jump in width as n grows: never fewer than 5 units
     edges = np.linspace(0, n, count + 1).round().astype(int)
     return [slice(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
 
 
 def interval(
-    units: Sequence[float], *, confidence: float = CONFIDENCE, log: bool = False
+    units: Sequence[float], *, confidence: float = CONFIDENCE, log: bool = False, centre: float | None = None
 ) -> tuple[float, float, float]:
     """(estimate, low, high): a t-interval on independent unit estimates (replicates or batches).
 
-    `log` pools on the log scale (for ratios); one unit gives an infinite interval.
+    `log` pools on the log scale (for ratios); one unit gives an infinite interval. `centre`, when
+    given, is the point estimate the interval is placed around (one process's batches: its
+    samples' own mean, which a mean of unequal batches is not).
     """
     data = np.asarray(units, dtype=float)
     if data.size == 0:
@@ -167,7 +169,10 @@ def interval(
         if (data <= 0).any():
             raise ValueError("a ratio pooled on the log scale must be positive")
         data = np.log(data)
-    centre = float(data.mean())
+    spread_centre = float(data.mean())
+    if centre is not None:
+        spread_centre = math.log(centre) if log else float(centre)
+    centre = spread_centre
     if data.size < 2:
         half = math.inf
     else:
@@ -191,9 +196,15 @@ def _replicates(replicates: Replicates) -> list[np.ndarray]:
 
 
 def _estimate(
-    units: list[float], replicates: int, samples: list[np.ndarray], *, confidence: float, log: bool
+    units: list[float],
+    replicates: int,
+    samples: list[np.ndarray],
+    *,
+    confidence: float,
+    log: bool,
+    centre: float | None = None,
 ) -> Estimate:
-    value, low, high = interval(units, confidence=confidence, log=log)
+    value, low, high = interval(units, confidence=confidence, log=log, centre=centre)
     scaled = np.log(np.asarray(units, dtype=float)) if log else np.asarray(units, dtype=float)
     return Estimate(
         value=value,
@@ -212,10 +223,9 @@ def mean_estimate(replicates: Replicates, *, confidence: float = CONFIDENCE) -> 
     """The mean over processes (each replicate's mean weighs the same) and its interval."""
     reps = _replicates(replicates)
     if len(reps) > 1:
-        units = [float(r.mean()) for r in reps]
-    else:
-        units = [float(reps[0][s].mean()) for s in _batches(reps[0].size)]
-    return _estimate(units, len(reps), reps, confidence=confidence, log=False)
+        return _estimate([float(r.mean()) for r in reps], len(reps), reps, confidence=confidence, log=False)
+    units = [float(reps[0][s].mean()) for s in _batches(reps[0].size)]
+    return _estimate(units, 1, reps, confidence=confidence, log=False, centre=float(reps[0].mean()))
 
 
 def mean_interval(samples: Sequence[float], *, confidence: float = CONFIDENCE) -> Estimate:
@@ -255,7 +265,8 @@ def ratio_estimate(
             sa = np.array_split(a, count)
             sb = np.array_split(b, count)
             units = [float(x.mean() / y.mean()) for x, y in zip(sa, sb) if y.mean() != 0]
-    return _estimate(units, len(num), num + den, confidence=confidence, log=log)
+    centre = None if len(num) > 1 else float(num[0].mean() / den[0].mean())  # one process: its own ratio
+    return _estimate(units, len(num), num, confidence=confidence, log=log, centre=centre)  # samples: of one side
 
 
 def ratio_interval(
@@ -294,6 +305,8 @@ def slope_estimate(xs: Sequence[float], points: Sequence[Replicates], *, confide
         count = min(len(_batches(p[0].size)) for p in per_point)
         split = [np.array_split(p[0], count) for p in per_point]
         units = [loglog_slope(xs, [float(s[b].mean()) for s in split]) for b in range(count)]
+        centre = loglog_slope(xs, [float(p[0].mean()) for p in per_point])
+        return _estimate(units, 1, [p[0] for p in per_point], confidence=confidence, log=False, centre=centre)
     return _estimate(units, replicates, [r for p in per_point for r in p], confidence=confidence, log=False)
 
 
@@ -322,8 +335,12 @@ def replicates_to_decide(est: Estimate, edge: float) -> int | None:
     distance = abs(math.log(est.value / edge)) if est.log else abs(est.value - edge)
     if distance == 0 or not math.isfinite(est.spread):
         return None
-    for r in range(max(est.units, 2), MOST_REPLICATES + 1):
-        if t_quantile(0.5 + est.confidence / 2.0, r - 1) * est.spread / math.sqrt(r) < distance:
+    if est.replicates > 1:
+        spread, first = est.spread, est.replicates + 1
+    else:  # one process: its batches say only how precise its own mean is, a floor on the process spread
+        spread, first = est.spread / math.sqrt(max(est.units, 1)), 2
+    for r in range(first, MOST_REPLICATES + 1):
+        if t_quantile(0.5 + est.confidence / 2.0, r - 1) * spread / math.sqrt(r) < distance:
             return r
     return None
 
@@ -350,6 +367,23 @@ def between_share(replicates: Replicates) -> float | None:
     if denominator <= 0:
         return 0.0
     return float(min(1.0, max(0.0, (msb - msw) / denominator)))
+
+
+def between_share_of_mean(replicates: Replicates) -> float | None:
+    """Share of a replicate mean's variance that comes from between processes, (MSB - MSW) / MSB.
+
+    This, not the per-sample share, says whether more samples could still narrow the interval:
+    with 1,000 samples a process, a per-sample share of 5% is already most of a mean's variance.
+    """
+    reps = _replicates(replicates)
+    if len(reps) < 2 or any(r.size < 2 for r in reps):
+        return None
+    sizes = np.array([r.size for r in reps], dtype=float)
+    means = np.array([r.mean() for r in reps])
+    grand = float((sizes * means).sum() / sizes.sum())
+    msb = float((sizes * (means - grand) ** 2).sum() / (len(reps) - 1))
+    msw = float(sum(((r - r.mean()) ** 2).sum() for r in reps) / (sizes.sum() - len(reps)))
+    return None if msb <= 0 else float(min(1.0, max(0.0, (msb - msw) / msb)))
 
 
 def lag1(samples: Sequence[float]) -> float | None:
@@ -380,10 +414,10 @@ def warnings(replicates: Replicates) -> list[str]:
         if len(_batches(reps[0].size)) < 5:
             out.append(f"only {reps[0].size} samples: too few batches for a stable interval; record more")
         return out
-    share = between_share(reps)
+    share = between_share_of_mean(reps)
     if share is not None and share >= BETWEEN_DOMINATES:
         out.append(
-            f"between-process spread dominates ({share:.0%} of the variance): more processes, "
+            f"between-process spread dominates ({share:.0%} of a replicate mean's variance): more processes, "
             "not more samples, narrow this interval"
         )
     return out

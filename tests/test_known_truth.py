@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from perfkit.experiment import runner
 from perfkit.experiment.hypothesis import Hypothesis, Probe
@@ -171,3 +172,24 @@ def test_not_reproduced_only_when_nothing_changed_and_the_intervals_are_disjoint
     assert runner.not_reproduced(result(1.0, 2.0), result(2.5, 3.0, key="other"), "r1") is None  # code changed
     assert runner.not_reproduced(result(1.0, 2.0), result(2.5, 3.0, hash="1"), "r1") is None  # record changed
     assert runner.not_reproduced(result(1.0, 2.0), None, "r1") is None
+
+
+def test_a_run_that_may_look_again_spends_its_error_rate_across_the_looks():
+    quick = runner.RunOptions(quick=True)
+    full = runner.RunOptions(quick=False)
+    assert quick.confidence() == 0.95 and quick.replicates_most() == 3
+    assert full.replicates_most() == 15 and full.confidence() == pytest.approx(1 - 0.05 / 3)  # wider
+    bound = expectation(kind="at_most", metric="t", unit="ms", value=10.0)
+    reps = replicates(np.random.default_rng(4), {"t": 9.0}, 5)
+    wide = judge(hypothesis(bound), reps, confidence=full.confidence())
+    narrow = judge(hypothesis(bound), reps)
+    assert wide.measured.high - wide.measured.low > narrow.measured.high - narrow.measured.low
+    assert "the run looked more than once" in wide.measured.evidence()
+
+
+def test_a_forecast_picks_the_edge_the_estimate_must_clear():
+    claim = expectation(kind="cost", metric="t", unit="ms", value=10.0, factor=1.2)  # 8.33 .. 12
+    rng = np.random.default_rng(8)
+    j = judge(hypothesis(claim), replicates(rng, {"t": 12.6}, 3, offset_sd=0.05))
+    if j.verdict is Verdict.INCONCLUSIVE:
+        assert "straddles 12" in j.reason  # the upper edge, not the lower one

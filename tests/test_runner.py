@@ -242,6 +242,7 @@ def test_replicates_run_in_rounds_are_told_their_index_and_a_busy_one_is_rerun(f
     assert ["replicate 0" in s for s in starts[:2]] == [True, False]  # round 0, then round 1
     assert any(line.startswith("re-running 1 replicates") for line in lines)
     run_dir = project.runs_dir / report.run_id
+    assert len(list(run_dir.glob("executions/*/r*-unfit"))) == 1  # the busy attempt's evidence is kept
     told = nbformat.read(str(next(run_dir.glob("executions/*/r1")) / "executed.ipynb"), as_version=4)
     assert "replicate = 1" in next(c.source for c in told.cells if "injected-parameters" in c.metadata.get("tags", []))
     (result,) = [h for h in report.results.hypotheses if h.id == "fx-cost-confirmed"]

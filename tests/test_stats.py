@@ -160,3 +160,21 @@ def test_a_million_samples_stay_within_bounded_memory():
     tracemalloc.stop()
     assert peak < 100 * 2**20
     assert est.n == 1_000_000
+
+
+def test_one_process_never_rests_on_fewer_units_as_samples_grow():
+    data = np.random.default_rng(2).normal(10, 1, 100)
+    units = [stats.mean_interval(data[:n]).units for n in range(2, 101)]
+    assert all(b >= a for a, b in zip(units, units[1:]))  # no jump to 2 batches (t = 12.7) at 6 samples
+    assert all(u >= min(n, 5) for n, u in zip(range(2, 101), units)) and units[-1] == stats.BATCHES
+
+
+def test_replicates_to_decide_forecasts_from_the_spread():
+    est = stats.Estimate(value=1.1, low=0.9, high=1.3, replicates=3, units=3, n=90, spread=0.1)
+    needed = stats.replicates_to_decide(est, 1.0)
+    assert needed is not None and needed > 3
+    assert stats.t_quantile(0.975, needed - 1) * 0.1 / math.sqrt(needed) < 0.1  # it would clear the edge
+    assert stats.t_quantile(0.975, needed - 2) * 0.1 / math.sqrt(needed - 1) >= 0.1  # and one fewer would not
+    assert stats.replicates_to_decide(est, 1.1) is None  # on the edge: no number of replicates decides it
+    one = stats.Estimate(value=1.1, low=0.9, high=1.3, replicates=1, units=10, n=100, spread=0.1)
+    assert stats.replicates_to_decide(one, 1.0) == 3  # from one process: its batch spread / sqrt(batches)

@@ -211,7 +211,10 @@ def describe(project: Project, hid: str) -> str:
             params = " ".join(f"{k}={v}" for k, v in sorted(x.params.items()))
             origin = f"reused from run {x.run_id}" if x.reused else f"run {x.run_id}"
             wall = f"{x.wall_s:.1f} s" if x.wall_s is not None else "not timed"
-            lines.append(f"  {x.notebook} {params}: {x.status}, {wall}, {origin} (runs/{x.run_id}/executions/{x.key}/)")
+            lines.append(
+                f"  {x.notebook} {params}: {x.status}, {wall}, {origin} (runs/{x.run_id}/executions/{x.id}/)"
+                + (f" UNFIT: {x.unfit}" if x.unfit else "")
+            )
     lines += ["", "== history"]
     previous = None
     for entry in runs:

@@ -118,6 +118,9 @@ class Measured:
     replicates: int | None = None  # processes the interval rests on (format 3 on)
     samples: int | None = None  # samples in all
     between: float | None = None  # share of the variance between processes (None: one process)
+    confidence: float | None = (
+        None  # of the interval: 0.95, or less than 5% left per look when the run added replicates
+    )
 
     def text(self) -> str:
         """'0.18 ms [0.16, 0.21]', 'share 2.47% [1.05, 4.17]': the one way a measured value is written."""
@@ -132,10 +135,13 @@ class Measured:
         if self.replicates is None:
             return None
         per = f" x {self.samples // self.replicates} samples" if self.samples else ""
+        level = ""
+        if self.confidence is not None and abs(self.confidence - 0.95) > 1e-9:
+            level = f"; a {self.confidence:.1%} interval (the run looked more than once)"
         if self.replicates == 1:
-            return f"1 process{per}"
+            return f"1 process{per}{level}"
         between = f", {self.between:.0%} of the variance between them" if self.between is not None else ""
-        return f"{self.replicates} processes{per}{between}"
+        return f"{self.replicates} processes{per}{between}{level}"
 
 
 @dataclass(frozen=True)
@@ -216,6 +222,7 @@ class HypothesisResult:
                 replicates=m.get("replicates", int, optional=True),
                 samples=m.get("samples", int, optional=True),
                 between=m.number("between", optional=True),
+                confidence=m.number("confidence", optional=True),
             ),
             off_by=r.get("off_by", str, optional=True),
             floor=None

@@ -39,7 +39,7 @@ from perfkit.experiment.results import (
     write_execution,
     write_results,
 )
-from perfkit.experiment.verdict import Judgement, Point, Verdict, effective_points, judge
+from perfkit.experiment.verdict import Judgement, Point, Verdict, effective_points, judge, usable_replicates
 from perfkit.files import dumps, write_atomic, write_json
 from perfkit.machine import fitness, snapshot, utilization
 from perfkit.paths import Project
@@ -386,13 +386,20 @@ def execute(
     retry = [x for x in to_run if done[x.id].unfit] if options.retry_unfit else []
     if retry:
         say(f"re-running {len(retry)} replicates measured while the machine was busy")
+        for x in retry:  # the first attempt's evidence is kept beside the re-run's
+            first_try = run_dir.execution_dir(x.id)
+            first_try.rename(first_try.with_name(first_try.name + "-unfit"))
         again: dict[str, Execution] = {}
         _in_pool(
             project, run_dir, the_plan, options, retry, say, again, kernel_dir=kernel_dir, first=0, total=len(retry)
         )
         for x in retry:
-            if not again[x.id].unfit or again[x.id].status != "ok":
+            if again[x.id].status == "ok":
                 done[x.id] = again[x.id]
+                continue
+            failed = run_dir.execution_dir(x.id)  # the re-run broke: the first attempt stands, as it was
+            failed.rename(failed.with_name(failed.name + "-retry-failed"))
+            failed.with_name(failed.name + "-unfit").rename(failed)
 
 
 # ---------------------------------------------------------------- judge
@@ -405,13 +412,18 @@ def judge_all(
     for h in hypotheses:
         executions = tuple(done[x.id] for x in the_plan.replicated() if x.key in the_plan.needs[h.id])
         sweep = h.probe.sweep
-        usable = [x for x in executions if x.status == "ok" and not x.unfit]
+        usable = usable_replicates(executions)  # the ones the verdict rests on
         try:
             points = effective_points(usable, sweep.param if sweep else None)
         except UserError:
             points = []  # the judgement says why (a unit mismatch is an error verdict)
         out.append(
-            Judged(hypothesis=h, judgement=judge(h, list(executions)), executions=executions, points=tuple(points))
+            Judged(
+                hypothesis=h,
+                judgement=judge(h, list(executions), confidence=confidence),
+                executions=executions,
+                points=tuple(points),
+            )
         )
     return out
 
@@ -506,8 +518,16 @@ def _stopped(item: Judged, the_plan: Plan, options: RunOptions) -> str:
     j = item.judgement
     if j.verdict in (Verdict.CONFIRMED, Verdict.REFUTED):
         return f"decided at {ran} replicates"
-    if j.verdict is Verdict.ERROR or j.needed is None:
+    if j.verdict is Verdict.ERROR:
+        return f"the probe failed; {ran} ran"
+    if j.reason and j.reason.startswith("the machine was not fit"):
+        return f"the machine was busy; {ran} ran"
+    if j.needed is None:
         return f"more replicates would not decide it; {ran} ran"
+    if max(counts) < options.replicates_most():
+        return (
+            f"{ran} replicates after {MORE_LOOKS} looks added more; --max-replicates allows {options.replicates_most()}"
+        )
     if options.replicates_most() <= options.replicates_default():
         return f"{ran} replicates planned; --max-replicates would let the run add more"
     return f"reached --max-replicates ({options.replicates_most()})"

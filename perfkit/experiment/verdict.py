@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from perfkit import units
+from perfkit import stats, units
 from perfkit.errors import UserError
 from perfkit.experiment.results import Execution, Floor, Measured
 from perfkit.samples import MetricRecord
@@ -132,7 +132,14 @@ def _fitness(executions: list[Execution]) -> tuple[list[Execution], str | None, 
     return fit, None, f"left out {len(unfit)} of {len(executions)} replicates: {said}"
 
 
-def judge(hypothesis: Hypothesis, executions: list[Execution], *, confidence: float = 0.95) -> Judgement:
+def usable_replicates(executions) -> list[Execution]:
+    """The replicates a verdict rests on: ended well, on a fit machine (empty when too few are fit)."""
+    if any(x.status != "ok" for x in executions):
+        return []
+    return _fitness(list(executions))[0]
+
+
+def judge(hypothesis: Hypothesis, executions: list[Execution], *, confidence: float = stats.CONFIDENCE) -> Judgement:
     """The verdict on one hypothesis from the executions (every replicate) of its probe, at `confidence`."""
     expect = hypothesis.expect
     failed = [x for x in executions if x.status != "ok"]

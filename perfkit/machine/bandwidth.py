@@ -8,8 +8,9 @@ no write-allocate traffic). A short fp32 (CPU) / bf16 (GPU) matmul gives the com
 the roofline.
 
 Each kernel is timed by `perfkit.bench` (warm-up calls discarded, each repetition one sample),
-and every rate carries a 95% bootstrap interval of the mean. The result is stored as versioned
-JSON under `$PERFKIT_CACHE_DIR` (default `~/.cache/perfkit`), keyed by a fingerprint of the CPU
+and every rate carries a 95% interval of the mean (perfkit.stats; batch means, one process). The
+result is stored as versioned JSON under `$PERFKIT_CACHE_DIR` (default `~/.cache/perfkit`), keyed
+by a fingerprint of the CPU
 model, core count, memory size and GPU names, so later runs reuse it; `refresh=True` remeasures,
 and so does a cache of another format version.
 

@@ -166,6 +166,7 @@ def measured(
         replicates=est.replicates,
         samples=est.n,
         between=stats.between_share(between) if between is not None else None,
+        confidence=est.confidence,
     )
 
 
@@ -192,9 +193,15 @@ def bounds(
         return Verdict.CONFIRMED, None, None
     if (at_least is not None and est.high < at_least) or (at_most is not None and est.low > at_most):
         return Verdict.REFUTED, None, None
-    edge = at_least if not lo_ok else at_most
-    why = f"the interval straddles {units.format_number(edge)}"
-    needed = stats.replicates_to_decide(est, edge)
+    if at_least is not None and est.value < at_least:  # outside: only the edge on its side can be cleared
+        edges = [at_least]
+    elif at_most is not None and est.value > at_most:
+        edges = [at_most]
+    else:  # inside: every edge the interval crosses must be cleared
+        edges = [e for e, ok in ((at_least, lo_ok), (at_most, hi_ok)) if e is not None and not ok]
+    why = f"the interval straddles {units.format_number(edges[0])}"
+    forecasts = [stats.replicates_to_decide(est, e) for e in edges]
+    needed = None if None in forecasts else max(forecasts)
     if needed is None:
         return Verdict.INCONCLUSIVE, f"{why}: too close to it to decide at this noise", None
     if est.replicates == 1:

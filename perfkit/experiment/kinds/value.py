@@ -58,8 +58,8 @@ class _Value(Expect):
         if self.floor is None:
             return None
         point = one(points, self.floor, self.at)
-        values = [s for r in samples(point, self.unit, 1) for s in r]
-        return Floor(metric=self.floor, value=sum(values) / len(values), unit=self.unit, note=point.note)
+        value = stats.mean_estimate(samples(point, self.unit, 1)).value  # each process weighs the same
+        return Floor(metric=self.floor, value=value, unit=self.unit, note=point.note)
 
     def _edges(self, reference: float) -> tuple[float | None, float | None]:
         raise NotImplementedError
