@@ -11,8 +11,7 @@ Each kernel is timed by `perfkit.bench` (warm-up calls discarded, each repetitio
 and every rate carries a 95% interval of the mean (perfkit.stats; batch means, one process). The
 result is stored as versioned JSON under `$PERFKIT_CACHE_DIR` (default `~/.cache/perfkit`), keyed
 by a fingerprint of the CPU model, core count, memory size and GPU names, so later runs reuse it;
-`refresh=True` remeasures,
-and so does a cache of another format version.
+`refresh=True` remeasures, and so does a cache of another format version.
 
 Format history (`format_version`): 1: first format (key `format`, rates under `figures`); 2: `format_version`, `rates`.
 """
