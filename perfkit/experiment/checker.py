@@ -2,6 +2,12 @@
 
 Hypothesis records (and the expectation kinds that own part of their schema) are read through
 this, so that a typo never turns silently into a default and every error names where it is.
+
+A record arrives in a pull request, so the reader cannot be bombed: before any Python object is
+built, the event stream is scanned and a record with anchors or aliases (a "billion laughs"),
+tags (`!!python/name`), nesting deeper than a record needs, or more bytes than a record needs is
+refused with `file:line: message`; merge keys, non-scalar keys and numbers too long to read are
+refused while walking it.
 """
 
 from __future__ import annotations
@@ -13,6 +19,36 @@ import yaml
 
 from perfkit.errors import RecordError
 
+MAX_RECORD_BYTES = 1_000_000  # a record is a page of YAML; 1 MB is far more than any needs
+MAX_DEPTH = 8  # record -> expect/probe -> params -> a list of values -> ...: 8 levels is plenty
+
+
+def _refuse_unsafe(text: str, path: str) -> None:
+    """Scan the YAML events (no objects built, nothing expanded) and refuse what a record never needs."""
+    if len(text.encode("utf-8")) > MAX_RECORD_BYTES:
+        raise RecordError(f"the record is larger than {MAX_RECORD_BYTES:,} bytes; a record never needs that", path=path)
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            line = event.start_mark.line + 1
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise RecordError("anchors and aliases (&, *) are not allowed in a record", path=path, line=line)
+            tag = getattr(event, "tag", None)
+            implicit = getattr(event, "implicit", True)
+            explicit = tag is not None and not (all(implicit) if isinstance(implicit, tuple) else implicit)
+            if explicit and tag != "!":
+                raise RecordError(f"tags are not allowed in a record (got {tag})", path=path, line=line)
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise RecordError(
+                        f"nested deeper than {MAX_DEPTH} levels; a record never needs that", path=path, line=line
+                    )
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    except yaml.YAMLError:
+        return  # compose reports it, with its line
+
 
 class Located:
     """Plain data from YAML, plus the line of every key path, for file:line errors."""
@@ -21,6 +57,7 @@ class Located:
         self.path = path
         self.lines: dict[tuple, int] = {}
         self.errors: list[RecordError] = []
+        _refuse_unsafe(text, path)
         try:
             node = yaml.compose(text, Loader=yaml.SafeLoader)
         except yaml.YAMLError as exc:
@@ -39,6 +76,11 @@ class Located:
         if isinstance(node, yaml.MappingNode):
             out: dict[Any, Any] = {}
             for key_node, value_node in node.value:
+                line = key_node.start_mark.line + 1
+                if not isinstance(key_node, yaml.ScalarNode):
+                    raise RecordError("keys must be plain names, not lists or mappings", path=self.path, line=line)
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    raise RecordError("merge keys (<<) are not allowed in a record", path=self.path, line=line)
                 key = self._scalar(key_node)
                 if key in out:
                     self.errors.append(self.error(where + (key,), "duplicate key", line=key_node.start_mark.line + 1))
@@ -53,11 +95,14 @@ class Located:
             return items
         return self._scalar(node)
 
-    @staticmethod
-    def _scalar(node):
+    def _scalar(self, node):
         loader = yaml.SafeLoader("")
         try:
             return loader.construct_object(node, deep=True)
+        except (ValueError, OverflowError, yaml.YAMLError) as exc:  # an integer of 5,000 digits, a bad date
+            raise RecordError(
+                f"cannot read this value: {exc}"[:200], path=self.path, line=node.start_mark.line + 1
+            ) from None
         finally:
             loader.dispose()
 

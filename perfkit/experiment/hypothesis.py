@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.errors import RecordError, UserError
-from perfkit.experiment.checker import Checker, Located, is_number, type_name
+from perfkit.experiment.checker import MAX_RECORD_BYTES, Checker, Located, is_number, type_name
 from perfkit.experiment.kinds import KINDS, Expect, all_keys
 from perfkit.paths import Project, find_project
 
@@ -242,6 +242,8 @@ def load_hypothesis(path: Path, project: Project, *, notebook_cache: dict | None
     """Parse and validate one record; raises ValidationFailed with every error in it."""
     shown = project.relative(path)
     try:
+        if Path(path).stat().st_size > MAX_RECORD_BYTES:  # refused before it is read
+            raise ValidationFailed([RecordError(f"the record is larger than {MAX_RECORD_BYTES:,} bytes", path=shown)])
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ValidationFailed([RecordError(f"cannot read: {exc}", path=shown)]) from None
