@@ -136,14 +136,26 @@ class Reader:
             raise RecordError(f"expected {types}, got {type(value).__name__}", path=self.path, field=self.field(key))
         return value
 
-    def number(self, key: str, *, optional: bool = False) -> float | None:
+    def number(self, key: str, *, optional: bool = False, nan: bool = True) -> float | None:
         value = self.get(key, (int, float, str), optional=optional)
         if value is None:
             return None
         try:
-            return decode_number(value)
+            number = decode_number(value)
         except ValueError:
             raise RecordError(f"expected a number, got {value!r}", path=self.path, field=self.field(key)) from None
+        if not nan and math.isnan(number):
+            raise RecordError("expected a number, got NaN", path=self.path, field=self.field(key))
+        return number
+
+    def unit(self, key: str, *, optional: bool = False) -> str | None:
+        """A unit perfkit knows (a hand-edited `furlongs` is refused on read)."""
+        from perfkit import units
+
+        value = self.get(key, str, optional=optional)
+        if value is not None and not units.is_unit(value):
+            raise RecordError(f"unknown unit {value!r}", path=self.path, field=self.field(key))
+        return value
 
     def choice(self, key: str, choices: tuple[str, ...]) -> str:
         value = self.get(key, str)

@@ -49,6 +49,16 @@ class Project:
     def plots_dir(self) -> Path:
         return self.ledger_dir / "plots"
 
+    def check_confined(self) -> None:
+        """Refuse to write through a link out of the project: runs/, the ledger and its results and plots."""
+        root = self.root.resolve()
+        for path in (self.runs_dir, self.ledger_dir, self.results_dir, self.plots_dir, self.ledger_path):
+            if (path.exists() or path.is_symlink()) and not path.resolve().is_relative_to(root):
+                raise UserError(
+                    f"{self.relative(path)} leads outside the project (to {path.resolve()}); "
+                    "perfkit writes only inside it"
+                )
+
     def relative(self, path: Path) -> str:
         """A path as the user sees it: relative to the project root when inside it."""
         try:

@@ -57,7 +57,7 @@ class MetricRecord:
             raise RecordError(str(exc), path=reader.path, field=reader.field("samples")) from None
         return cls(
             name=reader.get("name", str),
-            unit=reader.get("unit", str),
+            unit=reader.unit("unit"),
             samples=tuple(decoded),
             at=reader.get("at", dict, optional=True),
             note=reader.get("note", str, optional=True),

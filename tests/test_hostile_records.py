@@ -61,3 +61,156 @@ def test_a_record_larger_than_a_record_needs_is_refused_before_it_is_read(tmp_pa
     root = project(tmp_path, "big", GOOD.format(id="big") + "# " + "x" * 1_100_000 + "\n")
     assert main(["--root", str(root), "validate"]) == 2
     assert "hypotheses/big.yaml: the record is larger than 1,000,000 bytes" in capsys.readouterr().err
+
+
+def valid_project(tmp_path, text):
+    import shutil
+    from pathlib import Path
+
+    fixtures = Path(__file__).parent / "fixtures" / "project"
+    (tmp_path / "hypotheses").mkdir(parents=True)
+    shutil.copytree(fixtures / "notebooks", tmp_path / "notebooks")
+    (tmp_path / "hypotheses" / "h.yaml").write_text(text)
+    return tmp_path
+
+
+RECORD = """id: h
+claim: c
+rationale: r
+expect: {{kind: at_most, metric: work, unit: ms, value: {value}}}
+probe: {{notebook: {notebook}, params: {{mode: ok, n: {n}}}}}
+"""
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(value=".inf", notebook="fixture_probe.ipynb", n=1000), "expected a finite number, got inf"),
+        (dict(value=".nan", notebook="fixture_probe.ipynb", n=1000), "expected a finite number"),
+        (dict(value=1, notebook="../../etc/x.ipynb", n=1000), "resolves outside notebooks/"),
+        (dict(value=1, notebook="/tmp/outside.ipynb", n=1000), "resolves outside notebooks/"),
+        (dict(value=1, notebook="fixture_probe.ipynb", n=".inf"), "is not a finite number"),
+        (dict(value=1, notebook="fixture_probe.ipynb", n="2024-01-01"), "got date"),
+    ],
+)
+def test_values_a_claim_cannot_mean_are_refused_at_validate(tmp_path, capsys, fields, message):
+    root = valid_project(tmp_path, RECORD.format(**fields))
+    assert main(["--root", str(root), "validate"]) == 2
+    err = capsys.readouterr().err
+    assert "hypotheses/h.yaml:" in err and message in err, err
+
+
+def test_a_probe_linked_from_outside_and_dangling_records_are_errors(tmp_path, capsys):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "evil.ipynb").write_text("{}")
+    root = valid_project(tmp_path / "p", RECORD.format(value=1, notebook="evil.ipynb", n=1000))
+    (root / "notebooks" / "evil.ipynb").symlink_to(outside / "evil.ipynb")
+    (root / "hypotheses" / "gone.yaml").symlink_to(tmp_path / "missing.yaml")
+    (outside / "far.yaml").write_text("id: far\n")
+    (root / "hypotheses" / "far.yaml").symlink_to(outside / "far.yaml")
+    assert main(["--root", str(root), "validate"]) == 2
+    err = capsys.readouterr().err
+    assert "'evil.ipynb' resolves outside notebooks/" in err
+    assert "hypotheses/gone.yaml: a symbolic link to nothing (dangling)" in err
+    assert "hypotheses/far.yaml: a symbolic link to" in err and "outside the project" in err
+
+
+def test_a_parameter_override_gets_the_same_checks(tmp_path):
+    from perfkit.errors import UserError
+    from perfkit.experiment import runner
+    from perfkit.paths import Project
+
+    root = valid_project(tmp_path, RECORD.format(value=1, notebook="fixture_probe.ipynb", n=1000))
+    with pytest.raises(UserError, match="not a finite number"):
+        runner.run(Project(root), ids=["h"], overrides=runner.parse_overrides(["n=.inf"]), out=lambda s: None)
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda h: h["measured"].update(unit="furlongs"), "hypotheses[0].measured.unit"),
+        (lambda h: h["measured"].update(value="nan"), "hypotheses[0].measured.value"),
+        (lambda h: h.update(plot="../../../../etc/passwd"), "hypotheses[0].plot"),
+    ],
+)
+def test_stored_results_are_read_back_as_strictly_as_records(tmp_path, edit, field):
+    import json
+
+    from test_results import sample_results
+
+    from perfkit.errors import RecordError
+    from perfkit.experiment import results
+    from perfkit.paths import Project
+
+    project = Project(tmp_path)
+    path = results.write_results(project, sample_results())
+    data = json.loads(path.read_text())
+    edit(data["hypotheses"][0])
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError) as caught:
+        results.load_all_results(project)
+    assert caught.value.field == field
+
+
+def test_a_duplicated_hypothesis_in_a_results_file_is_refused(tmp_path):
+    import json
+
+    from test_results import sample_results
+
+    from perfkit.errors import RecordError
+    from perfkit.experiment import results
+    from perfkit.paths import Project
+
+    project = Project(tmp_path)
+    path = results.write_results(project, sample_results())
+    data = json.loads(path.read_text())
+    data["hypotheses"].append(data["hypotheses"][0])
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError, match="appears twice"):
+        results.load_all_results(project)
+
+
+def test_results_and_plots_are_never_written_through_a_link_out_of_the_project(tmp_path):
+    from perfkit.errors import UserError
+    from perfkit.experiment import ledger
+    from perfkit.paths import Project
+
+    root = valid_project(tmp_path / "p", RECORD.format(value=1, notebook="fixture_probe.ipynb", n=1000))
+    (tmp_path / "elsewhere").mkdir()
+    (root / "hypotheses" / "ledger").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UserError, match="hypotheses/ledger leads outside the project"):
+        ledger.write(Project(root))
+    assert not list((tmp_path / "elsewhere").iterdir())
+
+
+def test_a_probe_that_records_a_negative_duration_gets_an_error_not_a_verdict():
+    from pathlib import Path
+
+    from perfkit.experiment.hypothesis import Hypothesis, Probe
+    from perfkit.experiment.kinds import expectation
+    from perfkit.experiment.results import Execution
+    from perfkit.experiment.verdict import Verdict, judge
+    from perfkit.samples import MetricRecord
+
+    h = Hypothesis(
+        id="h",
+        claim="c",
+        rationale="r",
+        tags=(),
+        path=Path("h.yaml"),
+        hash="0",
+        expect=expectation(kind="at_most", metric="t", unit="ms", value=1.0),
+        probe=Probe(notebook="p.ipynb"),
+    )
+    run = Execution(
+        key="k",
+        notebook="p.ipynb",
+        params={},
+        status="ok",
+        wall_s=1.0,
+        run_id="r",
+        records=(MetricRecord(name="t", unit="ms", samples=(-1.0,) * 10),),
+    )
+    j = judge(h, [run])
+    assert j.verdict is Verdict.ERROR and "negative durations" in j.reason

@@ -12,6 +12,7 @@ refused while walking it.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -186,6 +187,9 @@ class Checker:
         value = mapping[key]
         if not is_number(value):
             self.fail(where + (key,), f"expected a number, got {type_name(value)} {value!r}")
+            return None
+        if not math.isfinite(value):  # `factor: .inf` would make a claim that cannot fail
+            self.fail(where + (key,), f"expected a finite number, got {value!r}")
             return None
         if positive and not value > 0:
             self.fail(where + (key,), f"expected a number > 0, got {value!r}")

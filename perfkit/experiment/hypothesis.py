@@ -35,6 +35,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,8 +134,27 @@ def _declared_type(description: dict) -> type | None:
     return type(default) if type(default) in annotated.values() else None
 
 
+def _parameter_value_problem(value: Any, depth: int = 0) -> str | None:
+    """Why `value` cannot travel to a notebook as a parameter (papermill writes it as Python)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return None
+    if isinstance(value, int):
+        return None if abs(value) < 10**18 else f"the integer {str(value)[:20]}... is too large"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value!r} is not a finite number"
+    if isinstance(value, (list, dict)) and depth < 4:
+        items = value.values() if isinstance(value, dict) else value
+        if isinstance(value, dict) and not all(isinstance(k, str) for k in value):
+            return "mapping keys must be strings"
+        return next((p for p in (_parameter_value_problem(v, depth + 1) for v in items) if p), None)
+    return f"a parameter is a string, number, boolean or a list or mapping of those, got {type_name(value)}"
+
+
 def check_parameter(name: str, value: Any, declared: dict[str, dict]) -> str | None:
     """Why `value` cannot be passed as notebook parameter `name`, or None when it can."""
+    problem = _parameter_value_problem(value)
+    if problem:
+        return problem
     if name not in declared:
         known = ", ".join(sorted(declared)) or "none"
         return f"the notebook does not declare parameter {name!r} (declared: {known})"
@@ -151,6 +171,27 @@ def check_parameter(name: str, value: Any, declared: dict[str, dict]) -> str | N
     return None
 
 
+def _check_notebook(checker: Checker, notebook: str, project: Project, cache: dict) -> dict | None:
+    """The parameters the probe notebook declares, or None after adding why it cannot be used."""
+    where = ("probe", "notebook")
+    path = project.notebooks_dir / notebook
+    if not notebook.endswith(".ipynb"):
+        checker.fail(where, f"expected a .ipynb file under notebooks/, got {notebook!r}")
+    elif not path.resolve().is_relative_to(project.notebooks_dir.resolve()):  # after symlinks and ../
+        checker.fail(
+            where, f"{notebook!r} resolves outside notebooks/; a record may only name the project's own probes"
+        )
+    elif not path.is_file():
+        checker.fail(where, f"no such notebook: {project.relative(path)}")
+    else:
+        if path not in cache:
+            cache[path] = notebook_parameters(path)
+        if not isinstance(cache[path], str):
+            return cache[path]
+        checker.fail(where, f"{cache[path]} ({project.relative(path)})")
+    return None
+
+
 def _check_probe(checker: Checker, raw: Any, project: Project, notebook_cache: dict) -> Probe | None:
     where = ("probe",)
     probe = checker.mapping(raw, where)
@@ -159,21 +200,7 @@ def _check_probe(checker: Checker, raw: Any, project: Project, notebook_cache: d
     errors_before = len(checker.errors)
     checker.keys(probe, where, _PROBE_KEYS)
     notebook = checker.string(probe, "notebook", where)
-    declared: dict | None = None
-    if notebook is not None:
-        path = project.notebooks_dir / notebook
-        if not notebook.endswith(".ipynb"):
-            checker.fail(where + ("notebook",), f"expected a .ipynb file under notebooks/, got {notebook!r}")
-        elif not path.is_file():
-            checker.fail(where + ("notebook",), f"no such notebook: {project.relative(path)}")
-        else:
-            if path not in notebook_cache:
-                notebook_cache[path] = notebook_parameters(path)
-            found = notebook_cache[path]
-            if isinstance(found, str):
-                checker.fail(where + ("notebook",), f"{found} ({project.relative(path)})")
-            else:
-                declared = found
+    declared = _check_notebook(checker, notebook, project, notebook_cache) if notebook is not None else None
 
     blocks: dict[str, dict] = {}
     for key in ("params", "quick"):
@@ -295,7 +322,21 @@ def load_hypothesis(path: Path, project: Project, *, notebook_cache: dict | None
 
 
 def hypothesis_files(project: Project) -> list[Path]:
-    return sorted(p for p in project.hypotheses_dir.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+    """Every record file, dangling links included (they are errors, not silently skipped)."""
+    return sorted(
+        p for p in project.hypotheses_dir.iterdir() if p.suffix in (".yaml", ".yml") and (p.is_file() or p.is_symlink())
+    )
+
+
+def _link_problem(path: Path, project: Project) -> str | None:
+    """Why a record file that is a symbolic link cannot be read, or None."""
+    if not path.is_symlink():
+        return None
+    if not path.exists():
+        return "a symbolic link to nothing (dangling)"
+    if not path.resolve().is_relative_to(project.root.resolve()):
+        return f"a symbolic link to {path.resolve()}, outside the project; records come from the project"
+    return None
 
 
 def load_hypotheses(project: Project | None = None, ids: list[str] | None = None) -> list[Hypothesis]:
@@ -305,6 +346,10 @@ def load_hypotheses(project: Project | None = None, ids: list[str] | None = None
     found: dict[str, Hypothesis] = {}
     cache: dict = {}
     for path in hypothesis_files(project):
+        problem = _link_problem(path, project)
+        if problem:
+            errors.append(RecordError(problem, path=project.relative(path)))
+            continue
         try:
             hypothesis = load_hypothesis(path, project, notebook_cache=cache)
         except ValidationFailed as exc:

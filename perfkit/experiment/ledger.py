@@ -123,6 +123,7 @@ def render(all_results: list[RunResults]) -> str:
 
 
 def write(project: Project) -> str:
+    project.check_confined()
     text = render(load_all_results(project))
     write_atomic(project.ledger_path, text)
     return text

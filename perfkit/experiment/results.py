@@ -203,6 +203,11 @@ class HypothesisResult:
     def from_json(cls, r: Reader) -> HypothesisResult:
         m = r.child("measured", optional=True)
         f = r.child("floor", optional=True)
+        plot = r.get("plot", str, optional=True)
+        if plot is not None and (not plot.startswith("plots/") or ".." in Path(plot).parts or "\\" in plot):
+            raise RecordError(
+                f"a plot lives under plots/ in the ledger folder, got {plot!r}", path=r.path, field=r.field("plot")
+            )
         return cls(
             id=r.get("id", str),
             hash=r.get("hash", str),
@@ -215,10 +220,10 @@ class HypothesisResult:
             if m is None
             else Measured(
                 label=m.get("label", str),
-                unit=m.get("unit", str, optional=True),
-                value=m.number("value"),
-                low=m.number("low"),
-                high=m.number("high"),
+                unit=m.unit("unit", optional=True),
+                value=m.number("value", nan=False),
+                low=m.number("low", nan=False),
+                high=m.number("high", nan=False),
                 replicates=m.get("replicates", int, optional=True),
                 samples=m.get("samples", int, optional=True),
                 between=m.number("between", optional=True),
@@ -230,15 +235,15 @@ class HypothesisResult:
             else Floor(
                 metric=f.get("metric", str),
                 value=f.number("value"),
-                unit=f.get("unit", str),
+                unit=f.unit("unit"),
                 note=f.get("note", str, optional=True),
             ),
-            plot=r.get("plot", str, optional=True),
+            plot=plot,
             warnings=tuple(r.get("warnings", list)),
             metrics=tuple(
                 MetricSummary(
                     name=c.get("name", str),
-                    unit=c.get("unit", str),
+                    unit=c.unit("unit"),
                     at=c.get("at", dict, optional=True),
                     n=c.get("n", int),
                     mean=c.number("mean", optional=True),
@@ -282,8 +287,17 @@ class RunResults:
             quick=r.get("quick", bool),
             git_commit=r.get("git_commit", str, optional=True),
             git_dirty=r.get("git_dirty", bool, optional=True),
-            hypotheses=tuple(HypothesisResult.from_json(h) for h in r.children("hypotheses")),
+            hypotheses=_unique(tuple(HypothesisResult.from_json(h) for h in r.children("hypotheses")), path),
         )
+
+
+def _unique(results: tuple[HypothesisResult, ...], path: str) -> tuple[HypothesisResult, ...]:
+    seen: set[str] = set()
+    for i, h in enumerate(results):
+        if h.id in seen:
+            raise RecordError(f"hypothesis {h.id!r} appears twice", path=path, field=f"hypotheses[{i}].id")
+        seen.add(h.id)
+    return results
 
 
 # ---------------------------------------------------------------- format history

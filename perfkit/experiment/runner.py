@@ -615,6 +615,7 @@ def run(
         max_replicates=max_replicates,
     )
     options.check()
+    project.check_confined()
     hypotheses = load_hypotheses(project, ids or None)
     if not hypotheses:
         raise UserError(f"no hypotheses in {project.relative(project.hypotheses_dir)}")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from perfkit import stats, units
+from perfkit.errors import UserError
 from perfkit.experiment.checker import Checker, check_scalars
 from perfkit.experiment.results import Floor, Measured
 from perfkit.experiment.verdict import Inconclusive, Judgement, Point, Verdict
@@ -143,6 +144,8 @@ def samples(point: Point, unit: str | None, min_samples: int) -> list[list[float
     bad = sum(1 for s in every if not math.isfinite(s))
     if bad:
         raise Inconclusive(f"{bad} of {len(every)} samples of {point.name} are NaN or infinite")
+    if units.dimension(point.unit) == "time" and min(every) < 0:
+        raise UserError(f"{point.name} has negative durations ({min(every):g} {point.unit}): the probe mis-measured")
     fewest = min(len(r) for r in point.replicates)
     if fewest < min_samples:
         per = "" if len(point.replicates) == 1 else " in a replicate"
