@@ -3,12 +3,18 @@ PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Where torch comes from. Empty: the ordinary pip search (PyPI's torch for Linux is the CUDA build,
+# several GB; a machine with a local CPU wheel gets that). A laptop without an NVIDIA GPU:
+#   make run TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: run test lint format lab bench validate ledger clean-venv
+.PHONY: run test lint format lab kernel bench validate ledger clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet torch==2.13.0 --index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install --quiet -e '.[test,lab]'
 	$(BIN)/python -m ipykernel install --sys-prefix --name perfkit --display-name "perfkit (.venv)" >/dev/null
 	touch $(STAMP)
@@ -27,8 +33,11 @@ format: $(STAMP)
 	$(BIN)/ruff format --quiet perfkit tests
 	$(BIN)/ruff check --quiet --fix perfkit tests
 
-lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+lab: $(STAMP)  ## JupyterLab on notebooks/ (works as root too, as in containers)
+	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/
+
+kernel: $(STAMP)  ## register the `perfkit` kernel for your own Jupyter (user-wide, outside .venv)
+	$(BIN)/python -m ipykernel install --user --name perfkit --display-name "perfkit (.venv)"
 
 bench: $(STAMP)
 	$(BIN)/perfkit engine benchmarks

@@ -48,6 +48,7 @@ def test_kernelspec_points_at_this_interpreter(tmp_path):
     ensure_kernelspec(tmp_path)
     spec = json.loads((tmp_path / "kernels" / "perfkit" / "kernel.json").read_text())
     assert spec["argv"][0] == sys.executable and "{connection_file}" in spec["argv"]
+    assert "--HistoryManager.enabled=False" in spec["argv"]  # probe cells never land in ~/.ipython
 
 
 def test_profile_cells_are_injected_after_parameters_and_at_the_end(tmp_path):

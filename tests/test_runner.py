@@ -31,9 +31,8 @@ def first(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         # other people edit perfkit while tests run; the cache key must not move under this module
         mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-        mp.setattr(
-            runner.fitness, "unfit", lambda trace, window=None: None
-        )  # the suite shares the machine with other work
+        # the suite shares the machine with other work
+        mp.setattr(runner.fitness, "unfit", lambda trace, window=None: None)
         report = runner.run(
             project, all_hypotheses=True, quick=True, jobs=2, timeout_s=15, replicates=1, out=lines.append
         )

@@ -37,7 +37,15 @@ def ensure_kernelspec(directory: Path) -> Path:
     """
     spec_dir = Path(directory) / "kernels" / KERNEL_NAME
     spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        # no IPython history database: every executed cell would land in ~/.ipython, outside the project
+        "argv": [
+            sys.executable,
+            "-m",
+            "ipykernel_launcher",
+            "-f",
+            "{connection_file}",
+            "--HistoryManager.enabled=False",
+        ],
         "display_name": "perfkit",
         "language": "python",
         "metadata": {"debugger": True},
