@@ -10,7 +10,9 @@ import argparse
 import importlib
 import os
 import shlex
+import signal
 import sys
+import threading
 
 from perfkit.errors import UserError
 
@@ -159,8 +161,14 @@ def _main(argv: list[str]) -> int:
     raise AssertionError(f"unhandled command {args.command}")
 
 
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops a run the way Ctrl-C does: probes killed, evidence kept
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         return _main(argv)
     except UserError as exc:
@@ -171,9 +179,15 @@ def main(argv: list[str] | None = None) -> int:
         plain = isinstance(exc, (RecordError, ValidationFailed))
         print(str(exc) if plain else f"perfkit: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: say what was kept, no traceback
+        print(f"perfkit: {exc}" if str(exc) else "perfkit: interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT
     except BrokenPipeError:  # `perfkit ... | head`: the reader left; stop quietly, as a shell tool does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 141  # 128 + SIGPIPE
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -264,3 +264,93 @@ def test_a_verdict_resting_on_a_busy_machine_is_inconclusive_with_the_reason(fir
         "the machine was not fit to measure on: machine busy: 1.2 cores used by other processes "
         "on average during 2 of 2 replicates"
     )
+
+
+def test_a_closed_pipe_never_stops_the_measurement(first):
+    project, _, _ = first
+    said = []
+
+    def closed_after_two(line):
+        if len(said) >= 2:
+            raise BrokenPipeError
+        said.append(line)
+
+    report, _ = rerun(project, ids=["fx-cost-confirmed"], force=True)  # a baseline that runs
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner.fitness, "unfit", lambda trace, window=None: None)
+        mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
+        piped = runner.run(
+            project, ids=["fx-cost-confirmed"], quick=True, force=True, replicates=1, out=closed_after_two
+        )
+    assert len(said) == 2  # the reader left after two lines
+    assert piped.results.hypotheses[0].verdict == "confirmed"  # and the run still judged and stored it
+    assert (project.results_dir / f"{piped.run_id}.json").is_file()
+
+
+def test_ctrl_c_says_what_was_kept_and_exits_130(first, monkeypatch, capsys):
+    project, _, _ = first
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "judge_all", interrupted)
+    monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
+    assert main(["--root", str(project.root), "run", "fx-share", "--quick", "--replicates", "1"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted: 1 of 1 probe executions had ended and are kept under" in err
+    assert "Traceback" not in err
+
+
+def test_stale_temporary_files_are_flagged_and_cleaned(first):
+    import os
+
+    project, _, _ = first
+    leftover = project.results_dir / ".20250101-000000.json.abcd.tmp"
+    leftover.write_text("{")
+    problems, _ = ledger.check(project)
+    assert any("left by an interrupted write" in p for p in problems)
+    os.utime(leftover, (time.time() - 3600, time.time() - 3600))
+    ledger.write(project)
+    assert not leftover.exists()
+
+
+def test_sigterm_stops_a_run_kills_its_probes_and_keeps_the_manifest(first):
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    project, _, _ = first
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "perfkit.cli",
+            "--root",
+            str(project.root),
+            "run",
+            "fx-sleeps",
+            "--quick",
+            "--replicates",
+            "1",
+            "--force",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for line in proc.stdout:  # wait for the probe to start
+        if " start    " in line:
+            break
+    time.sleep(3)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert children  # the executor and its kernel
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted: 0 of 1 probe executions had ended" in err and "Traceback" not in err
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive  # nothing the run started outlives it
+    latest = max(p for p in project.runs_dir.iterdir() if p.is_dir())
+    assert json.loads((latest / "manifest.json").read_text())["status"] == "interrupted"

@@ -6,7 +6,9 @@ clone regenerates it byte for byte, and `--check` can tell when it, or a hypothe
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from perfkit import units
 from perfkit.errors import UserError
@@ -122,8 +124,23 @@ def render(all_results: list[RunResults]) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+STALE_S = 600.0  # a temporary file this old was left by a write that was killed, not one in progress
+
+
+def stale_temporaries(project: Project, *, older_than_s: float = 0.0) -> list[Path]:
+    """Temporary files an interrupted atomic write left in the ledger's folders."""
+    now = time.time()
+    found = []
+    for folder in (project.hypotheses_dir, project.results_dir, project.plots_dir):
+        if folder.is_dir():
+            found += [p for p in folder.glob(".*.tmp") if now - p.stat().st_mtime >= older_than_s]
+    return sorted(found)
+
+
 def write(project: Project) -> str:
     project.check_confined()
+    for leftover in stale_temporaries(project, older_than_s=STALE_S):
+        leftover.unlink(missing_ok=True)
     text = render(load_all_results(project))
     write_atomic(project.ledger_path, text)
     return text
@@ -140,6 +157,11 @@ def check(project: Project) -> tuple[list[str], list[str]]:
         problems.append(f"{shown} does not exist; run `perfkit ledger`")
     elif project.ledger_path.read_text(encoding="utf-8") != expected:
         problems.append(f"{shown} is out of date with {project.relative(project.results_dir)}; run `perfkit ledger`")
+    for leftover in stale_temporaries(project):
+        problems.append(
+            f"{project.relative(leftover)}: left by an interrupted write; `perfkit ledger` removes it "
+            "once it is 10 minutes old"
+        )
     entries = history(all_results)
     hypotheses = {h.id: h for h in load_hypotheses(project)}
     for hid, h in hypotheses.items():

@@ -121,6 +121,17 @@ class Judged:
     stopped: str | None = None  # why the run added no more replicates for it
 
 
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C or SIGTERM; says what was kept."""
+
+    def __init__(self, run_dir: RunDir, ended: int, planned: int):
+        self.run_dir, self.ended, self.planned = run_dir, ended, planned
+        super().__init__(
+            f"interrupted: {ended} of {planned} probe executions had ended and are kept under "
+            f"{run_dir.path}/ (its manifest says interrupted); no verdicts were written"
+        )
+
+
 @dataclass
 class RunReport:
     run_id: str
@@ -133,15 +144,25 @@ class RunReport:
 
 
 class _Printer:
-    """Progress lines from several worker threads, one line at a time."""
+    """Progress lines from several worker threads, one line at a time.
+
+    A reader that went away (`perfkit run ... | head -2`) never stops the measurement: once the pipe
+    is closed the lines are dropped and the run goes on to store its results and the ledger.
+    """
 
     def __init__(self, out: Callable[[str], None]):
         self.out = out
         self.lock = threading.Lock()
+        self.closed = False
 
     def __call__(self, text: str) -> None:
         with self.lock:
-            self.out(text)
+            if self.closed:
+                return
+            try:
+                self.out(text)
+            except (BrokenPipeError, ValueError):  # ValueError: a closed file
+                self.closed = True
 
 
 # ---------------------------------------------------------------- the run directory and its manifest
@@ -665,6 +686,9 @@ def run(
         )
         manifest["status"] = "finished"
         manifest["verdicts"] = {item.hypothesis.id: item.judgement.verdict.value for item in judged}
+    except KeyboardInterrupt:
+        manifest["status"] = "interrupted"
+        raise Interrupted(run_dir, len(done), len(the_plan.replicated())) from None
     finally:
         if manifest["status"] != "finished":
             manifest["status"] = "interrupted"
