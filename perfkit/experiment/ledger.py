@@ -137,11 +137,12 @@ def stale_temporaries(project: Project, *, older_than_s: float = 0.0) -> list[Pa
     return sorted(found)
 
 
-def write(project: Project) -> str:
+def write(project: Project, all_results: list[RunResults] | None = None) -> str:
+    """LEDGER.md from `all_results` (default: every stored results file, read now)."""
     project.check_confined()
     for leftover in stale_temporaries(project, older_than_s=STALE_S):
         leftover.unlink(missing_ok=True)
-    text = render(load_all_results(project))
+    text = render(load_all_results(project) if all_results is None else all_results)
     write_atomic(project.ledger_path, text)
     return text
 

@@ -430,8 +430,9 @@ def judge_all(
     hypotheses: list[Hypothesis], the_plan: Plan, done: dict[str, Execution], *, confidence: float = stats.CONFIDENCE
 ) -> list[Judged]:
     out = []
+    replicated = the_plan.replicated()
     for h in hypotheses:
-        executions = tuple(done[x.id] for x in the_plan.replicated() if x.key in the_plan.needs[h.id])
+        executions = tuple(done[x.id] for x in replicated if x.key in the_plan.needs[h.id])
         sweep = h.probe.sweep
         usable = usable_replicates(executions)  # the ones the verdict rests on
         try:
@@ -568,11 +569,8 @@ def write(
     say: _Printer,
 ) -> tuple[RunResults, Path]:
     """Plots (the run's and the ledger's), the compact results, then the ledger from all results."""
-    last = {
-        h.id: (entry.run_id, entry.result)
-        for h in (i.hypothesis for i in judged)
-        for entry in ledger.history(load_all_results(project)).get(h.id, [])[-1:]
-    }
+    earlier = load_all_results(project)  # read once: for "not reproduced" and for the ledger
+    last = {hid: (runs[-1].run_id, runs[-1].result) for hid, runs in ledger.history(earlier).items()}
     made = []
     for item in judged:
         result = _result(item)
@@ -597,7 +595,7 @@ def write(
         hypotheses=tuple(made),
     )
     path = write_results(project, results)
-    ledger.write(project)
+    ledger.write(project, [r for r in earlier if r.run_id != results.run_id] + [results])
     return results, path
 
 
