@@ -130,10 +130,10 @@ def _main(argv: list[str]) -> int:
         )
         return report.exit_code
     if args.command == "ledger":
-        from perfkit.experiment import ledger
+        from perfkit.experiment import commit
 
         if args.check:
-            problems, warnings = ledger.check(project)
+            problems, warnings = commit.check(project)
             for w in warnings:
                 print(f"warning: {w}")
             for p in problems:
@@ -142,7 +142,8 @@ def _main(argv: list[str]) -> int:
                 return 1
             print(f"{project.relative(project.ledger_path)} is up to date")
             return 0
-        ledger.write(project)
+        for run_id in commit.rewrite(project):
+            print(f"finished committing run {run_id}, which was stopped part-way")
         print(f"wrote {project.relative(project.ledger_path)}")
         return 0
     if args.command == "show":

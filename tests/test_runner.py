@@ -13,6 +13,7 @@ import pytest
 
 from perfkit.cli import main
 from perfkit.errors import UserError
+from perfkit.experiment import execute as executor
 from perfkit.experiment import ledger, runner
 from perfkit.paths import Project
 
@@ -354,3 +355,29 @@ def test_sigterm_stops_a_run_kills_its_probes_and_keeps_the_manifest(first):
     assert not alive  # nothing the run started outlives it
     latest = max(p for p in project.runs_dir.iterdir() if p.is_dir())
     assert json.loads((latest / "manifest.json").read_text())["status"] == "interrupted"
+
+
+def test_a_probe_printing_more_than_the_cap_is_stored_cut_with_a_note(first):
+    project, _, _ = first
+    report, _ = rerun(project, ids=["fx-cost-confirmed"], overrides={"mode": "loud"})
+    (executed,) = (project.runs_dir / report.run_id).glob("executions/*/r0/executed.ipynb")
+    assert executed.stat().st_size < executor.OUTPUT_CAP_BYTES + 2**20  # 20 MB printed
+    nb = nbformat.read(str(executed), as_version=4)
+    texts = [o.get("text", "") for c in nb.cells for o in c.get("outputs", [])]
+    (note,) = [t for t in texts if t.startswith("[perfkit: ")]
+    assert "characters of this cell's output were cut" in note and "capped at 8 MiB" in note
+    assert verdicts(report)["fx-cost-confirmed"][0] == "confirmed"  # the record after the flood is kept
+
+
+def test_a_process_the_probe_leaves_in_a_session_of_its_own_is_killed(first, tmp_path):
+    import psutil
+
+    project, _, _ = first
+    pid_file = tmp_path / "daemon.pid"
+    rerun(project, ids=["fx-cost-confirmed"], overrides={"mode": "daemon", "pid_file": str(pid_file)})
+    pid = int(pid_file.read_text())
+    try:
+        proc = psutil.Process(pid)
+        assert proc.status() == psutil.STATUS_ZOMBIE  # killed; only its exit status is left to collect
+    except psutil.NoSuchProcess:
+        pass

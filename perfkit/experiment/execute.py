@@ -262,26 +262,120 @@ def execute(
     )
 
 
+OUTPUT_CAP_BYTES = 8 * 2**20  #: a probe's stored output (records and errors aside) beyond this is cut
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> None:
+    """Orphans of the probe (a daemon it started in a session of its own) become this process's children.
+
+    Linux only; elsewhere such an orphan can outlive the run (documented in the README).
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _kill_descendants() -> list[str]:
+    """Kill every process this one still has below it; their names (what the probe left running)."""
+    import psutil
+
+    left = psutil.Process().children(recursive=True)
+    for proc in left:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=10)
+    names = []
+    for proc in left:
+        try:
+            names.append(f"{proc.name()} (pid {proc.pid})")
+        except psutil.NoSuchProcess:
+            names.append(f"pid {proc.pid}")
+    return names
+
+
 def _exit_with_parent(parent: int) -> None:
-    """If the runner dies, stop too; the kernel follows (it watches this process)."""
+    """If the runner dies, stop too, and take the kernel and whatever the probe started along."""
     while os.getppid() == parent:
         time.sleep(1.0)
+    _kill_descendants()
     os._exit(3)
+
+
+def _capped_client():
+    """papermill's notebook client, storing at most OUTPUT_CAP_BYTES of a probe's output, with a note of the cut."""
+    from nbformat.v4 import new_output
+    from papermill.clientwrap import PapermillNotebookClient
+
+    class CappedClient(PapermillNotebookClient):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.kept = 0  # characters stored so far
+            self.cut: dict[int, int] = {}  # cell index -> characters cut
+            self.notes: dict[int, object] = {}  # cell index -> the note saying so
+
+        def output(self, outs, msg, display_id, cell_index):
+            content = msg.get("content", {})
+            data = content.get("data") or {}
+            if msg["msg_type"] == "error" or MIMETYPE in data:  # evidence and tracebacks are never cut
+                return super().output(outs, msg, display_id, cell_index)
+            size = len(content.get("text", "")) + sum(len(str(v)) for v in data.values())
+            if self.kept + size <= OUTPUT_CAP_BYTES:
+                self.kept += size
+                return super().output(outs, msg, display_id, cell_index)
+            self.cut[cell_index] = self.cut.get(cell_index, 0) + size
+            text = (
+                f"[perfkit: {self.cut[cell_index]:,} characters of this cell's output were cut: a probe's stored "
+                f"output is capped at {OUTPUT_CAP_BYTES // 2**20} MiB]\n"
+            )
+            note = self.notes.get(cell_index)
+            if note is None or not any(o is note for o in outs):
+                note = new_output("stream", name="stderr", text=text)
+                outs.append(note)
+                self.notes[cell_index] = note
+            else:
+                note["text"] = text
+            return None
+
+    return CappedClient
+
+
+def _engine():
+    """A papermill engine that runs the notebook with the capped client."""
+    from papermill.engines import NBClientEngine, logger
+
+    client = _capped_client()
+
+    class CappedEngine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man, kernel_name, start_timeout=60, **kwargs):
+            return client(nb_man, kernel_name=kernel_name, startup_timeout=start_timeout, log=logger).execute()
+
+    return CappedEngine
 
 
 def _child(spec_path: str) -> int:
     """Run papermill and say how it ended in the outcome file (child process side)."""
     import papermill
     from nbclient.exceptions import DeadKernelError
+    from papermill.engines import papermill_engines
     from papermill.exceptions import PapermillExecutionError
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    _become_subreaper()
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    papermill_engines.register("perfkit", _engine())
     try:
         papermill.execute_notebook(
             spec["notebook"],
             spec["output"],
             parameters=spec["params"],
+            engine_name="perfkit",
             kernel_name=KERNEL_NAME,
             language="python",
             cwd=spec["cwd"],
@@ -304,6 +398,9 @@ def _child(spec_path: str) -> int:
         import traceback
 
         told = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": traceback.format_exc()}
+    left = _kill_descendants()  # the kernel has shut down: anything still below this process, the probe left
+    if left:
+        print(f"perfkit: killed what the probe left running: {', '.join(left)}", flush=True)
     write_atomic(Path(spec["outcome"]), json.dumps(told, indent=1))
     return 0 if told["status"] == "ok" else 1
 

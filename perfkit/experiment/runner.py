@@ -8,6 +8,7 @@ plan (perfkit/experiment/plan.py) -> `execute` -> `judge_all` -> `write`. The ru
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform
@@ -25,8 +26,8 @@ from typing import Any
 
 from perfkit import stats
 from perfkit.errors import UserError
+from perfkit.experiment import commit, ledger, plots
 from perfkit.experiment import execute as executor
-from perfkit.experiment import ledger, plots
 from perfkit.experiment.hypothesis import MAX_REPLICATES, Hypothesis, load_hypotheses
 from perfkit.experiment.plan import REPLICATE_PARAM, Plan, parse_overrides, plan, source_tree_hash
 from perfkit.experiment.results import (
@@ -37,7 +38,6 @@ from perfkit.experiment.results import (
     load_all_results,
     read_execution,
     write_execution,
-    write_results,
 )
 from perfkit.experiment.verdict import Judgement, Point, Verdict, effective_points, judge, usable_replicates
 from perfkit.files import dumps, write_atomic, write_json
@@ -56,7 +56,10 @@ MORE_LOOKS = 2  # times a run may add replicates to verdicts the first look left
 #:   1: first format (with a top-level `git` beside the environment's).
 #:   2: the project's git state is recorded once, in `environment.perfkit.git`; statuses
 #:      running | finished | interrupted; `executions` in the one Execution shape.
-MANIFEST_VERSION = 2
+#:   3: `process` (host, pid, start time) says who runs it; status `killed` (with `killed_note`):
+#:      a later run found it "running" with its process gone; `failed` (with `failed_note`): it could
+#:      not write what it measured (a full disk, a read-only folder).
+MANIFEST_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,38 @@ def new_run_dir(project: Project) -> RunDir:
     raise UserError(f"cannot find a free run id under {project.runs_dir}")
 
 
+MIN_FREE_BYTES = 64 * 2**20  # executed notebooks, samples and plots of a run: well under this
+
+
+def check_writable(project: Project) -> None:
+    """Before any probe runs: every folder a run writes takes a file, and the disk has room."""
+    import shutil
+    import tempfile
+
+    for folder in (project.runs_dir, project.results_dir, project.plots_dir, project.ledger_path.parent):
+        shown = project.relative(folder)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".perfkit-write-check.", suffix=".tmp", dir=folder)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise UserError(f"cannot write in {shown}/: {exc.strerror or exc}; nothing was run") from None
+    free = shutil.disk_usage(project.runs_dir).free
+    if free < MIN_FREE_BYTES:
+        raise UserError(
+            f"only {free / 2**20:.0f} MiB free on the disk of {project.relative(project.runs_dir)}/; a run needs "
+            f"{MIN_FREE_BYTES / 2**20:.0f} MiB; nothing was run"
+        )
+
+
+_CANNOT_WRITE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+class WriteFailed(UserError):
+    """A run could not write what it measured (a full disk, a folder made read-only mid-run)."""
+
+
 def _version(package: str) -> str | None:
     try:
         return metadata.version(package)
@@ -214,7 +249,48 @@ def _manifest(
             "hypotheses": [h.id for h in hypotheses],
         },
         "perfkit_source": source_hash,
+        "process": _this_process(),
     }
+
+
+def _this_process() -> dict[str, Any]:
+    """Who runs this run: enough for a later run to tell a killed one from one still going."""
+    import psutil
+
+    return {"host": platform.node(), "pid": os.getpid(), "started": psutil.Process().create_time()}
+
+
+def _alive(process: dict[str, Any]) -> bool | None:
+    """Whether the process a manifest names still runs (None: another host, or not recorded)."""
+    import psutil
+
+    if not isinstance(process, dict) or process.get("host") != platform.node() or "pid" not in process:
+        return None
+    try:
+        return abs(psutil.Process(int(process["pid"])).create_time() - float(process.get("started", 0))) < 1.0
+    except (psutil.NoSuchProcess, ValueError, TypeError):
+        return False
+
+
+def mark_killed_runs(project: Project, by: str) -> list[str]:
+    """Manifests still "running" whose process is gone: a kill (-9, OOM, power) ended them. Mark them."""
+    found = []
+    for path in sorted(project.runs_dir.glob("*/manifest.json")):
+        if path.parent.name == by:
+            continue
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(manifest, dict) or manifest.get("status") != "running":
+            continue
+        if _alive(manifest.get("process")) is False:
+            manifest["status"] = "killed"
+            manifest["killed_note"] = f"process {manifest['process']['pid']} ended without finishing; found by run {by}"
+            manifest.pop("format_version", None)
+            write_json(path, manifest, version=MANIFEST_VERSION)
+            found.append(path.parent.name)
+    return found
 
 
 def _write_manifest(run_dir: RunDir, manifest: dict[str, Any]) -> None:
@@ -568,34 +644,38 @@ def write(
     git: tuple[str | None, bool | None],
     say: _Printer,
 ) -> tuple[RunResults, Path]:
-    """Plots (the run's and the ledger's), the compact results, then the ledger from all results."""
-    earlier = load_all_results(project)  # read once: for "not reproduced" and for the ledger
-    last = {hid: (runs[-1].run_id, runs[-1].result) for hid, runs in ledger.history(earlier).items()}
-    made = []
+    """Plots, then the compact results, plots and LEDGER.md committed as one unit (perfkit/experiment/commit.py)."""
+    staged = commit.staging_dir(project, run_dir.run_id) / "plots"
     for item in judged:
-        result = _result(item)
-        run_id, previous = last.get(result.id, (None, None))
-        made.append(replace(result, not_reproduced=not_reproduced(result, previous, run_id)))
+        h, j = item.hypothesis, item.judgement
+        for path, dpi in ((run_dir.path / "plots" / f"{h.id}.png", 150), (staged / f"{h.id}.png", 100)):
+            plots.plot_verdict(h, j, list(item.points), path, dpi=dpi)
+    with commit.locked(project, say):
+        commit.finish_pending(project)
+        earlier = load_all_results(project)  # read under the lock: for "not reproduced" and for the ledger
+        last = {hid: (runs[-1].run_id, runs[-1].result) for hid, runs in ledger.history(earlier).items()}
+        made = []
+        for item in judged:
+            result = _result(item)
+            run_id, previous = last.get(result.id, (None, None))
+            made.append(replace(result, not_reproduced=not_reproduced(result, previous, run_id)))
+        results = RunResults(
+            run_id=run_dir.run_id,
+            created=run_dir.created,
+            command=command,
+            quick=quick,
+            git_commit=git[0],
+            git_dirty=git[1],
+            hypotheses=tuple(made),
+        )
+        path = commit.apply(project, results, earlier)
     for item, result in zip(judged, made):
         h, j = item.hypothesis, item.judgement
-        for path, dpi in ((run_dir.path / "plots" / f"{h.id}.png", 150), (project.plots_dir / f"{h.id}.png", 100)):
-            plots.plot_verdict(h, j, list(item.points), path, dpi=dpi)
         say(f"{h.id:<32} {j.verdict.value:<13} {j.line()}")
         for warning in j.warnings:
             say(f"{'':<32}   warning: {warning}")
         if result.not_reproduced:
             say(f"{'':<32}   NOT REPRODUCED: {result.not_reproduced}")
-    results = RunResults(
-        run_id=run_dir.run_id,
-        created=run_dir.created,
-        command=command,
-        quick=quick,
-        git_commit=git[0],
-        git_dirty=git[1],
-        hypotheses=tuple(made),
-    )
-    path = write_results(project, results)
-    ledger.write(project, [r for r in earlier if r.run_id != results.run_id] + [results])
     return results, path
 
 
@@ -635,6 +715,7 @@ def run(
     )
     options.check()
     project.check_confined()
+    check_writable(project)
     hypotheses = load_hypotheses(project, ids or None)
     if not hypotheses:
         raise UserError(f"no hypotheses in {project.relative(project.hypotheses_dir)}")
@@ -653,6 +734,8 @@ def run(
     run_dir = new_run_dir(project)
     manifest = _manifest(project, run_dir, hypotheses, options, source_hash)
     _write_manifest(run_dir, manifest)
+    for killed in mark_killed_runs(project, by=run_dir.run_id):
+        say(f"run {killed} was killed while running (its process is gone): its manifest now says so")
     manifest["environment"] = snapshot.snapshot(root=project.root)
     git = manifest["environment"]["perfkit"]["git"]
     done: dict[str, Execution] = {}
@@ -687,13 +770,32 @@ def run(
     except KeyboardInterrupt:
         manifest["status"] = "interrupted"
         raise Interrupted(run_dir, len(done), len(the_plan.replicated())) from None
+    except OSError as exc:
+        if exc.errno not in _CANNOT_WRITE:
+            raise
+        where = project.relative(Path(exc.filename)) if exc.filename else "a file"
+        manifest["status"] = "failed"
+        manifest["failed_note"] = f"cannot write {where}: {exc.strerror or exc}"
+        ledger_state = (
+            "its ledger commit is half-applied: `perfkit ledger` finishes it once the disk takes it"
+            if commit.staging_dir(project, run_dir.run_id) / "journal.json" in commit.pending(project)
+            else "nothing was added to the ledger"
+        )
+        raise WriteFailed(
+            f"cannot write {where}: {exc.strerror or exc}; {len(done)} of {len(the_plan.replicated())} probe "
+            f"executions had ended, and what they wrote is under {project.relative(run_dir.path)}/; {ledger_state}"
+        ) from None
     finally:
-        if manifest["status"] != "finished":
+        if manifest["status"] not in ("finished", "failed"):
             manifest["status"] = "interrupted"
         timings["total_s"] = round(time.monotonic() - started, 3)
         manifest["executions"] = [done[x.id].to_json(with_records=False) for x in the_plan.replicated() if x.id in done]
         manifest["timings"] = timings
-        _write_manifest(run_dir, manifest)
+        try:
+            _write_manifest(run_dir, manifest)
+        except OSError:
+            if manifest["status"] != "failed":
+                raise
     wall = time.monotonic() - started
     executed = sum(1 for x in done.values() if not x.reused)
     judgements = {item.hypothesis.id: item.judgement for item in judged}

@@ -1,0 +1,193 @@
+"""A run's ledger change is one unit: staged, journaled, applied under a lock, rolled forward after a kill."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from perfkit.cli import main
+from perfkit.experiment import commit, ledger, runner
+from perfkit.experiment.hypothesis import load_hypotheses
+from perfkit.experiment.results import HypothesisResult, Measured, RunResults, load_all_results
+from perfkit.paths import Project
+
+FIXTURES = Path(__file__).parent / "fixtures" / "project"
+
+
+@pytest.fixture
+def project(tmp_path) -> Project:
+    (tmp_path / "hypotheses").mkdir()
+    shutil.copytree(FIXTURES / "notebooks", tmp_path / "notebooks")
+    for name in ("fx-cost-confirmed", "fx-share"):
+        shutil.copy(FIXTURES / "hypotheses" / f"{name}.yaml", tmp_path / "hypotheses")
+    return Project(tmp_path)
+
+
+def run_results(project, run_id, value) -> RunResults:
+    entries = []
+    for h in load_hypotheses(project):
+        entries.append(
+            HypothesisResult(
+                id=h.id,
+                hash=h.hash,
+                claim=h.claim,
+                kind=h.expect.kind,
+                expected="≈ 1 ms (×2)",
+                verdict="confirmed",
+                reason=None,
+                measured=Measured(label="mean", unit="ms", value=value, low=value * 0.9, high=value * 1.1),
+                off_by=None,
+                plot=f"plots/{h.id}.png",
+            )
+        )
+    return RunResults(
+        run_id=run_id,
+        created="2025-01-01T00:00:00Z",
+        command="perfkit run",
+        quick=True,
+        git_commit=None,
+        git_dirty=None,
+        hypotheses=tuple(entries),
+    )
+
+
+def staged(project, results: RunResults) -> None:
+    """What the runner does before committing: a plot per hypothesis in the staging folder."""
+    where = commit.staging_dir(project, results.run_id) / "plots"
+    where.mkdir(parents=True, exist_ok=True)
+    for h in results.hypotheses:
+        (where / f"{h.id}.png").write_bytes(f"plot of {results.run_id}".encode())
+
+
+def commit_run(project, results):
+    staged(project, results)
+    with commit.locked(project):
+        commit.finish_pending(project)
+        return commit.apply(project, results, load_all_results(project))
+
+
+def test_a_commit_writes_results_plots_and_ledger_and_check_passes(project, capsys):
+    commit_run(project, run_results(project, "20250101-000001", 1.0))
+    assert [r.run_id for r in load_all_results(project)] == ["20250101-000001"]
+    assert {p.read_bytes() for p in project.plots_dir.glob("*.png")} == {b"plot of 20250101-000001"}
+    assert main(["--root", str(project.root), "ledger", "--check"]) == 0
+    assert commit.pending(project) == []
+
+
+def test_a_commit_killed_between_results_and_plots_is_flagged_and_rolled_forward(project, monkeypatch, capsys):
+    commit_run(project, run_results(project, "20250101-000001", 1.0))
+    second = run_results(project, "20250101-000002", 2.0)
+    staged(project, second)
+    real = commit.write_atomic
+
+    def killed_at_the_first_plot(path, data):
+        if Path(path).suffix == ".png":
+            raise SystemExit("killed")  # stands in for SIGKILL: nothing after this line runs
+        real(path, data)
+
+    monkeypatch.setattr(commit, "write_atomic", killed_at_the_first_plot)
+    with pytest.raises(SystemExit), commit.locked(project):
+        commit.apply(project, second, load_all_results(project))
+    monkeypatch.setattr(commit, "write_atomic", real)
+    # the new result landed, its plots did not: the check must not say "up to date"
+    assert {p.read_bytes() for p in project.plots_dir.glob("*.png")} == {b"plot of 20250101-000001"}
+    assert main(["--root", str(project.root), "ledger", "--check"]) == 1
+    assert "run 20250101-000002 was stopped while committing" in capsys.readouterr().out
+    assert main(["--root", str(project.root), "ledger"]) == 0
+    assert "finished committing run 20250101-000002" in capsys.readouterr().out
+    assert {p.read_bytes() for p in project.plots_dir.glob("*.png")} == {b"plot of 20250101-000002"}
+    assert main(["--root", str(project.root), "ledger", "--check"]) == 0
+
+
+def test_concurrent_commits_never_lose_a_ledger_row(project):
+    ids = [f"20250101-00001{n}" for n in range(6)]
+    errors = []
+
+    def one(run_id):
+        try:
+            commit_run(project, run_results(project, run_id, 1.0))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    text = project.ledger_path.read_text()
+    assert all(run_id in text for run_id in ids)  # every run's row is in the history
+    assert text == ledger.render(load_all_results(project))
+
+
+def test_the_lock_makes_a_second_holder_wait(project):
+    order = []
+
+    def second():
+        with commit.locked(project):
+            order.append("second")
+
+    with commit.locked(project):
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        waiter.join(0.3)
+        order.append("first released")
+    waiter.join(5)
+    assert order == ["first released", "second"]
+
+
+def test_a_killed_runs_manifest_is_marked_by_the_next_run(project):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = psutil.Process(dead.pid).create_time()
+    dead.wait()
+    alive = {"host": runner.platform.node(), "pid": os.getpid(), "started": psutil.Process().create_time()}
+    manifests = {
+        "20250101-000001": {"status": "running", "process": {**alive, "pid": dead.pid, "started": started}},
+        "20250101-000002": {"status": "running", "process": alive},  # still going: left alone
+        "20250101-000003": {"status": "running", "process": {**alive, "host": "another-host"}},  # cannot tell
+        "20250101-000004": {"status": "finished", "process": {**alive, "pid": dead.pid, "started": started}},
+    }
+    for run_id, manifest in manifests.items():
+        (project.runs_dir / run_id).mkdir(parents=True)
+        (project.runs_dir / run_id / "manifest.json").write_text(json.dumps(manifest))
+    assert runner.mark_killed_runs(project, by="20250101-000009") == ["20250101-000001"]
+    got = {p.parent.name: json.loads(p.read_text()) for p in project.runs_dir.glob("*/manifest.json")}
+    assert got["20250101-000001"]["status"] == "killed"
+    assert f"process {dead.pid} ended without finishing" in got["20250101-000001"]["killed_note"]
+    assert [got[r]["status"] for r in sorted(got)][1:] == ["running", "running", "finished"]
+
+
+def test_a_folder_a_run_cannot_write_stops_it_before_any_probe(project, capsys):
+    project.ledger_dir.mkdir(parents=True)
+    project.results_dir.write_text("a file where the results folder should be")
+    assert main(["--root", str(project.root), "run", "--all", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("perfkit: cannot write in hypotheses/ledger/results/") and "nothing was run" in err
+    assert "Traceback" not in err
+    assert not project.runs_dir.exists() or not any(project.runs_dir.iterdir())
+
+
+def test_a_full_disk_stops_a_run_with_one_line_and_keeps_what_was_measured(project, monkeypatch, capsys):
+    import errno
+
+    monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
+    monkeypatch.setattr(runner.fitness, "unfit", lambda trace, window=None: None)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(project.results_dir / "x.json"))
+
+    monkeypatch.setattr(runner.commit, "apply", full)
+    code = main(["--root", str(project.root), "run", "fx-cost-confirmed", "--quick", "--replicates", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.startswith("perfkit: cannot write hypotheses/ledger/results/x.json: No space left on device; 1 of 1")
+    assert "nothing was added to the ledger" in err
+    (manifest,) = [json.loads(p.read_text()) for p in project.runs_dir.glob("*/manifest.json")]
+    assert manifest["status"] == "failed" and len(manifest["executions"]) == 1
+    assert list(project.runs_dir.glob("*/executions/*/r0/executed.ipynb"))  # the evidence is kept
