@@ -17,6 +17,7 @@ from perfkit.files import Reader, decode_number, encode_number
 
 MIMETYPE = "application/vnd.perfkit.record+json"
 FORMAT_VERSION = 1
+MAX_SAMPLES = 1_000_000  #: samples one record may carry (a claim cannot ask for more: expect.min_samples)
 
 
 def encode_samples(samples: list[float]) -> list[float | str]:
@@ -55,6 +56,12 @@ class MetricRecord:
             decoded = decode_samples(reader.get("samples", list))
         except (ValueError, TypeError) as exc:
             raise RecordError(str(exc), path=reader.path, field=reader.field("samples")) from None
+        if len(decoded) > MAX_SAMPLES:
+            raise RecordError(
+                f"{len(decoded):,} samples; a record carries at most {MAX_SAMPLES:,}",
+                path=reader.path,
+                field=reader.field("samples"),
+            )
         return cls(
             name=reader.get("name", str),
             unit=reader.unit("unit"),

@@ -100,6 +100,30 @@ def test_values_a_claim_cannot_mean_are_refused_at_validate(tmp_path, capsys, fi
     assert "hypotheses/h.yaml:" in err and message in err, err
 
 
+@pytest.mark.parametrize(
+    "expect, message",
+    [
+        (
+            "{kind: at_most, metric: work, unit: tok/s, value: 1}",
+            "expect.unit: 'tok/s' measures token rate, but fixture_probe.ipynb records work in 'ms' (time)",
+        ),
+        ("{kind: at_most, metric: work, unit: ms, value: 1, min_samples: 2000000}", "an integer from 1 to 1000000"),
+        ("{kind: at_most, metric: work, unit: ms, value: 1, min_samples: 0}", "an integer from 1 to 1000000"),
+    ],
+)
+def test_a_unit_of_another_dimension_and_impossible_sample_counts_are_refused(tmp_path, capsys, expect, message):
+    text = f"id: h\nclaim: c\nrationale: r\nexpect: {expect}\nprobe: {{notebook: fixture_probe.ipynb}}\n"
+    root = valid_project(tmp_path, text)
+    assert main(["--root", str(root), "validate"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hypotheses/h.yaml:4: ") and message in err, err
+
+
+def test_a_unit_of_the_same_dimension_passes(tmp_path, capsys):
+    root = valid_project(tmp_path, RECORD.format(value=1, notebook="fixture_probe.ipynb", n=1000).replace("ms,", "us,"))
+    assert main(["--root", str(root), "validate"]) == 0
+
+
 def test_a_probe_linked_from_outside_and_dangling_records_are_errors(tmp_path, capsys):
     outside = tmp_path / "elsewhere"
     outside.mkdir()

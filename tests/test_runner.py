@@ -381,3 +381,12 @@ def test_a_process_the_probe_leaves_in_a_session_of_its_own_is_killed(first, tmp
         assert proc.status() == psutil.STATUS_ZOMBIE  # killed; only its exit status is left to collect
     except psutil.NoSuchProcess:
         pass
+
+
+def test_a_probe_kernel_keeps_no_ipython_history(first):
+    project, _, _ = first
+    report, _ = rerun(project, ids=["fx-silent"], overrides={"mode": "history"})
+    (executed,) = (project.runs_dir / report.run_id).glob("executions/*/r0/executed.ipynb")
+    nb = nbformat.read(str(executed), as_version=4)
+    (said,) = [o["text"] for c in nb.cells for o in c.get("outputs", []) if o.get("text", "").startswith("history:")]
+    assert said.split()[1] == "False"  # no database, not even in memory: nothing lands in ~/.ipython

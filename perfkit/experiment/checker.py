@@ -21,6 +21,7 @@ import yaml
 from perfkit.errors import RecordError
 
 MAX_RECORD_BYTES = 1_000_000  # a record is a page of YAML; 1 MB is far more than any needs
+MAX_TEXT = 4_000  # characters in one value: a rationale is a paragraph, never a book
 MAX_DEPTH = 8  # record -> expect/probe -> params -> a list of values -> ...: 8 levels is plenty
 
 
@@ -98,6 +99,12 @@ class Located:
 
     def _scalar(self, node):
         loader = yaml.SafeLoader("")
+        if len(node.value) > MAX_TEXT:
+            raise RecordError(
+                f"a value of {len(node.value):,} characters; a record's values are at most {MAX_TEXT:,}",
+                path=self.path,
+                line=node.start_mark.line + 1,
+            )
         try:
             return loader.construct_object(node, deep=True)
         except (ValueError, OverflowError, yaml.YAMLError) as exc:  # an integer of 5,000 digits, a bad date
@@ -214,3 +221,5 @@ def check_scalars(checker: Checker, mapping: dict, where: tuple) -> None:
     for key, value in mapping.items():
         if not isinstance(value, (str, int, float, bool)):
             checker.fail(where + (key,), f"expected a number, string or boolean, got {type_name(value)}")
+        elif isinstance(value, float) and not math.isfinite(value):
+            checker.fail(where + (key,), f"expected a finite number, got {value}")

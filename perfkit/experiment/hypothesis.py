@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perfkit import units
 from perfkit.errors import RecordError, UserError
 from perfkit.experiment.checker import MAX_RECORD_BYTES, Checker, Located, is_number, type_name
 from perfkit.experiment.kinds import KINDS, Expect, all_keys
@@ -98,7 +99,7 @@ def _check_expect(checker: Checker, raw: Any) -> Expect | None:
     if expect is None:
         return None
     kind = expect.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         checker.fail(where + ("kind",), f"expected one of {', '.join(KINDS)}, got {kind!r}")
         checker.keys(expect, where, all_keys())
         return None
@@ -119,6 +120,58 @@ def notebook_parameters(path: Path) -> dict[str, dict] | str:
     if not nb.metadata.get("kernelspec", {}).get("name"):
         return "notebook metadata has no kernelspec; set it to the `perfkit` kernel"
     return papermill.inspect_notebook(str(path))
+
+
+def recorded_units(path: Path) -> dict[str, str]:
+    """Metric -> unit for each `record("name", ..., unit="u")` the notebook makes with literal words.
+
+    What the notebook says it records, read without running it: names or units built at run time
+    are not known here (the run checks them), and a name recorded in two dimensions is left out.
+    """
+    import nbformat
+
+    found: dict[str, set[str]] = {}
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+    except Exception:
+        return {}
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:  # IPython magics: the cell is not plain Python
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            unit = next((k.value for k in node.keywords if k.arg == "unit"), None)
+            if name != "record" or not node.args or not isinstance(node.args[0], ast.Constant):
+                continue
+            if isinstance(node.args[0].value, str) and isinstance(unit, ast.Constant) and units.is_unit(unit.value):
+                found.setdefault(node.args[0].value, set()).add(unit.value)
+    return {m: next(iter(u)) for m, u in found.items() if len({units.dimension(x) for x in u}) == 1}
+
+
+def _check_units(checker: Checker, expect: Any, probe: Probe, project: Project, cache: dict) -> None:
+    """A claim's unit has the dimension of the unit its probe records the metric in, when the probe says."""
+    unit = getattr(expect, "unit", None)
+    if unit is None:
+        return
+    path = project.notebooks_dir / probe.notebook
+    key = ("units", path)
+    if key not in cache:
+        cache[key] = recorded_units(path)
+    for key_name in ("metric", "floor"):
+        metric = getattr(expect, key_name, None)
+        recorded = cache[key].get(metric) if metric else None
+        if recorded and units.dimension(recorded) != units.dimension(unit):
+            checker.fail(
+                ("expect", "unit"),
+                f"{unit!r} measures {units.dimension(unit).replace('_', ' ')}, but {probe.notebook} records "
+                f"{metric} in {recorded!r} ({units.dimension(recorded).replace('_', ' ')})",
+            )
 
 
 def _declared_type(description: dict) -> type | None:
@@ -307,6 +360,8 @@ def load_hypothesis(path: Path, project: Project, *, notebook_cache: dict | None
     if expect is not None and probe is not None and expect.kind == "scaling":
         if probe.sweep is not None and probe.sweep.param != expect.over:
             checker.fail(("expect", "over"), f"the probe sweeps {probe.sweep.param!r}, not {expect.over!r}")
+    if expect is not None and probe is not None:
+        _check_units(checker, expect, probe, project, notebook_cache if notebook_cache is not None else {})
     if checker.errors:
         raise ValidationFailed(sorted(checker.errors, key=lambda e: e.line or 0))
     return Hypothesis(

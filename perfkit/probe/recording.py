@@ -18,7 +18,7 @@ from typing import Any
 from perfkit import units
 from perfkit.errors import UserError
 from perfkit.phases import BREAKDOWN, PHASES, STEP, UNATTRIBUTED
-from perfkit.samples import FORMAT_VERSION, MIMETYPE, decode_samples, encode_samples
+from perfkit.samples import FORMAT_VERSION, MAX_SAMPLES, MIMETYPE, decode_samples, encode_samples
 
 
 def _as_floats(name: str, samples: Any) -> list[float]:
@@ -62,10 +62,13 @@ def make_record(
         raise UserError(f"record({name!r}): unknown unit {unit!r}; known units: {', '.join(units.KNOWN_UNITS)}")
     if note is not None and not isinstance(note, str):
         raise UserError(f"record({name!r}): note must be a string")
+    values = _as_floats(name, samples)
+    if len(values) > MAX_SAMPLES:
+        raise UserError(f"record({name!r}): {len(values):,} samples; a record carries at most {MAX_SAMPLES:,}")
     return {
         "name": name,
         "unit": unit,
-        "samples": encode_samples(_as_floats(name, samples)),
+        "samples": encode_samples(values),
         "at": _check_at(name, at),
         "note": note,
         "breakdown": breakdown,

@@ -18,6 +18,7 @@ from perfkit.errors import UserError
 from perfkit.experiment.checker import Checker, check_scalars
 from perfkit.experiment.results import Floor, Measured
 from perfkit.experiment.verdict import Inconclusive, Judgement, Point, Verdict
+from perfkit.samples import MAX_SAMPLES
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]*$")
 DEFAULT_MIN_SAMPLES = 5
@@ -43,7 +44,7 @@ class Expect:
         errors_before = len(checker.errors)
         checker.keys(expect, where, {**COMMON_KEYS, **cls.KEYS})
         fields = cls.read(checker, expect, where)
-        fields["min_samples"] = checker.integer(expect, "min_samples", where, low=1)
+        fields["min_samples"] = checker.integer(expect, "min_samples", where, low=1, high=MAX_SAMPLES)
         if "at" in expect:
             at = checker.mapping(expect["at"], where + ("at",))
             if at is not None:
