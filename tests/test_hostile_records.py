@@ -26,13 +26,14 @@ CASES = {
     "unknown-tag": ("id: !mine x\n", 1, "tags are not allowed"),
     "merge-key": ("base: {a: 1}\nid: x\n<<: {claim: c}\n", 3, "merge keys"),
     "list-key": ("? [a, b]\n: 1\n", 1, "keys must be plain names"),
+    "bad-date": ("id: x\nclaim: c\nrationale: r\nwhen: 2024-13-45\n", 4, "cannot read this value"),
     "deep": ("id: " + "[" * 30 + "]" * 30 + "\n", 1, "nested deeper than"),
     "huge-int": (
         "id: x\nclaim: c\nrationale: r\nexpect: {kind: at_most, metric: t, unit: ms, value: 1"
         + "0" * 5000
         + "}\nprobe: {notebook: p.ipynb}\n",
         4,
-        "cannot read this value",
+        "a value of 5,001 characters",
     ),
 }
 

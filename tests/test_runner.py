@@ -390,3 +390,56 @@ def test_a_probe_kernel_keeps_no_ipython_history(first):
     nb = nbformat.read(str(executed), as_version=4)
     (said,) = [o["text"] for c in nb.cells for o in c.get("outputs", []) if o.get("text", "").startswith("history:")]
     assert said.split()[1] == "False"  # no database, not even in memory: nothing lands in ~/.ipython
+
+
+def _perfkit(project, *args):
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "perfkit.cli", "--root", str(project.root), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_sigkill_leaves_no_process_and_the_next_run_marks_the_manifest(first):
+    import psutil
+
+    project, _, _ = first
+    proc = _perfkit(project, "run", "fx-sleeps", "--quick", "--replicates", "1", "--force")
+    for line in proc.stdout:
+        if " start    " in line:
+            break
+    time.sleep(3)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) >= 2  # the executor and its kernel
+    proc.kill()
+    proc.wait()
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive  # the executor sees its parent gone and takes the kernel down with it
+    killed = max(p for p in project.runs_dir.iterdir() if p.is_dir())
+    assert json.loads((killed / "manifest.json").read_text())["status"] == "running"
+    report, lines = rerun(project, ids=["fx-cost-confirmed"])
+    assert any(f"run {killed.name} was killed while running" in line for line in lines)
+    manifest = json.loads((killed / "manifest.json").read_text())
+    assert manifest["status"] == "killed" and f"found by run {report.run_id}" in manifest["killed_note"]
+    assert not ledger.stale_temporaries(project)
+
+
+def test_four_runs_at_once_keep_every_ledger_row(first):
+    project, _, _ = first
+    warm = _perfkit(project, "run", "fx-cost-confirmed", "--quick", "--replicates", "1")
+    assert warm.wait(timeout=120) == 0, warm.stderr.read()  # executes once; the four below reuse it
+    procs = [_perfkit(project, "run", "fx-cost-confirmed", "--quick", "--replicates", "1") for _ in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], outs
+    import re
+
+    run_ids = [re.search(r"^run (\S+) finished", out, re.M).group(1) for out, _ in outs]
+    assert len(set(run_ids)) == 4
+    text = project.ledger_path.read_text()
+    assert all(f"| {run_id} |" in text for run_id in run_ids), run_ids
+    assert main(["--root", str(project.root), "ledger", "--check"]) in (0, 1)
+    assert not any((project.runs_dir / r / "commit" / "journal.json").read_text().count("pending") for r in run_ids)
