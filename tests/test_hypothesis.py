@@ -98,3 +98,29 @@ def test_unknown_id_is_a_user_error(tmp_path):
 def test_shipped_hypotheses_are_valid():
     root = Path(__file__).resolve().parents[1]
     assert load_hypotheses(Project(root))
+
+
+def test_the_cache_key_ignores_outputs_and_prose_but_not_code_or_the_environment(tmp_path):
+    import nbformat
+
+    from perfkit.experiment import plan
+
+    path = tmp_path / "n.ipynb"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# probe"), nbformat.v4.new_code_cell("x = 1")])
+    nbformat.write(nb, str(path))
+    before = plan.notebook_code(path)
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="1\n")]
+    nb.cells[1].execution_count = 7
+    nb.cells[0].source = "# probe, reworded"
+    nbformat.write(nb, str(path))
+    assert plan.notebook_code(path) == before
+    nb.cells[1].source = "x = 2"
+    nbformat.write(nb, str(path))
+    assert plan.notebook_code(path) != before
+    base = plan.environment_key({"HOME": "/root", "PATH": "/bin"})
+    assert base["env"] == {}
+    for name, value in (("OMP_NUM_THREADS", "1"), ("CUDA_VISIBLE_DEVICES", "3"), ("TORCHINDUCTOR_MAX_AUTOTUNE", "1")):
+        assert plan.environment_key({name: value})["env"] == {name: value}
+    key = plan.execution_key(before, {}, "src", None, base)
+    assert key != plan.execution_key(before, {}, "src", None, {**base, "torch": "2.12.0"})
+    assert key != plan.execution_key(before, {}, "src", "torch", base)

@@ -37,10 +37,11 @@ def result(h, verdict, value, run_id) -> HypothesisResult:
     )
 
 
-def store(project, run_id, entries):
+def store(project, run_id, entries, profile=None):
     results.write_results(
         project,
         RunResults(
+            profile=profile,
             run_id=run_id,
             created="2025-01-01T00:00:00Z",
             command="perfkit run",
@@ -70,9 +71,43 @@ def test_ledger_is_sorted_deterministic_and_marks_flips(project, capsys):
     text = first.decode()
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     assert [r.split("`")[1] for r in rows] == ["fx-cost-confirmed", "fx-share"]
-    assert "| **refuted** | 9.0x off | 20250102-000000 | [plot](ledger/plots/fx-cost-confirmed.png) |" in rows[0]
-    assert "| 20250102-000000 | refuted | 9 ms [8.1, 9.9] | **flip** (was confirmed) |" in text
-    assert "| 20250101-000000 | confirmed | 1 ms [0.9, 1.1] |  |" in text
+    thumb = '<a href="ledger/plots/fx-cost-confirmed.png"><img src="ledger/plots/fx-cost-confirmed.png" width="96"></a>'
+    assert f"| **refuted** | 9.0x off | 20250102-000000 | {thumb} |" in rows[0]
+    assert "| 20250102-000000 | quick | refuted | 9 ms [8.1, 9.9] | **flip** (was confirmed) |" in text
+    assert "| 20250101-000000 | quick | confirmed | 1 ms [0.9, 1.1] |  |" in text
+    assert "- 20250102-000000: 2025-01-01T00:00:00Z, quick; machine not recorded" in text  # who measured it
+
+
+def test_history_shows_the_last_measurements_and_every_flip_and_collapses_the_rest(project):
+    from perfkit.experiment.ledger import SHOWN_HISTORY
+
+    h = next(h for h in load_hypotheses(project) if h.id == "fx-cost-confirmed")
+    verdicts = ["refuted"] + ["confirmed"] * (SHOWN_HISTORY + 3)
+    for i, verdict in enumerate(verdicts):
+        store(project, f"2025010{i // 10}-00000{i % 10}", [result(h, verdict, 1.0 + i, str(i))])
+    text = ledger.render(results.load_all_results(project))
+    section = text[text.index("### `fx-cost-confirmed`") :]
+    shown, collapsed = section.split("<details>")
+    assert shown.count("| 2025") == SHOWN_HISTORY + 1  # the last five and the old flip
+    assert "**flip** (was refuted)" in shown
+    assert collapsed.count("| 2025") == len(verdicts) and "all 9 measurements" in collapsed
+
+
+def test_a_run_that_reused_everything_adds_no_history_row_and_profiled_runs_never_stand(project):
+    h = next(h for h in load_hypotheses(project) if h.id == "fx-cost-confirmed")
+    execution = results.Execution(key="k", notebook="fixture_probe.ipynb", params={}, status="ok", run_id="1")
+    measured = replace(result(h, "confirmed", 1.0, "1"), executions=(execution,))
+    again = replace(measured, executions=(replace(execution, reused=True),))
+    store(project, "20250101-000001", [measured])
+    store(project, "20250101-000002", [again])  # every execution reused, the same verdict: no new row
+    entries = ledger.history(results.load_all_results(project))["fx-cost-confirmed"]
+    assert [e.run_id for e in entries] == ["20250101-000001"]
+    profiled = replace(result(h, "refuted", 5.0, "3"), executions=(replace(execution, key="p", run_id="3"),))
+    store(project, "20250101-000003", [profiled], profile="torch")
+    text = ledger.render(results.load_all_results(project))
+    row = next(line for line in text.splitlines() if line.startswith("| `fx-cost-confirmed`"))
+    assert "| 20250101-000001 |" in row and "**confirmed**" in row  # the unprofiled measurement stands
+    assert "profiled (torch): not the standing measurement" in text
 
 
 def test_check_passes_then_fails_when_a_hypothesis_changes(project, capsys):

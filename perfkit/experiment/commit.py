@@ -16,6 +16,7 @@ milliseconds), then stop the run as usual.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import threading
@@ -93,9 +94,12 @@ def pending(project: Project) -> list[Path]:
 def _apply(project: Project, stage: Path, all_results: list[RunResults] | None) -> None:
     journal = stage / "journal.json"
     run_id = read_json(journal)["run_id"]
-    write_atomic(results_path(project, run_id), (stage / "results.json").read_bytes())
-    for plot in sorted((stage / "plots").glob("*.png")):
-        write_atomic(project.plots_dir / plot.name, plot.read_bytes())
+    staged = (stage / "results.json").read_bytes()
+    write_atomic(results_path(project, run_id), staged)
+    for hypothesis in json.loads(staged)["hypotheses"]:  # only the plots of what this run committed
+        plot = stage / "plots" / f"{hypothesis['id']}.png"
+        if plot.is_file():
+            write_atomic(project.plots_dir / plot.name, plot.read_bytes())
     ledger.write(project, all_results)
     write_json(journal, {"run_id": run_id, "status": "done"}, version=JOURNAL_VERSION)
 

@@ -29,15 +29,45 @@ HEADER = (
 class Entry:
     run_id: str
     result: HypothesisResult
+    run: RunResults | None = None  # the run it came from: its commit, mode, machine, profiler
+
+
+def _measurement(result: HypothesisResult) -> tuple:
+    """What a result says was measured and concluded (not when, nor how it was reached)."""
+    return (
+        result.hash,
+        result.verdict,
+        result.measured,
+        tuple(sorted((x.key, x.replicate, x.run_id or "") for x in result.executions)),
+    )
+
+
+def same_measurement(result: HypothesisResult, previous: HypothesisResult | None) -> bool:
+    """Whether `result` only re-reads `previous`: every execution reused, the same record and verdict."""
+    return (
+        previous is not None
+        and bool(result.executions)
+        and all(x.reused for x in result.executions)
+        and _measurement(previous) == _measurement(result)
+    )
 
 
 def history(all_results: list[RunResults]) -> dict[str, list[Entry]]:
-    """Per hypothesis id, its results in run order."""
+    """Per hypothesis id, its measurements in run order (a run that only reused the previous one is no new row)."""
     out: dict[str, list[Entry]] = {}
     for run in sorted(all_results, key=lambda r: r.run_id):
         for result in run.hypotheses:
-            out.setdefault(result.id, []).append(Entry(run.run_id, result))
+            runs = out.setdefault(result.id, [])
+            if runs and same_measurement(result, runs[-1].result):
+                continue
+            runs.append(Entry(run.run_id, result, run))
     return {k: out[k] for k in sorted(out)}
+
+
+def standing(runs: list[Entry]) -> Entry:
+    """The entry the table shows: the latest unprofiled measurement (a profiled one only if none is)."""
+    plain = [e for e in runs if not (e.run and e.run.profile)]
+    return (plain or runs)[-1]
 
 
 def _cell(text: str | None) -> str:
@@ -71,6 +101,41 @@ def off_by_text(result: HypothesisResult) -> str | None:
     return result.off_by
 
 
+SHOWN_HISTORY = 5  # measurements per hypothesis shown in History before the collapsed rest
+
+
+def run_words(run: RunResults | None) -> str:
+    """How a run measured, in a few words: mode, commit, profiler."""
+    if run is None:
+        return ""
+    commit = (run.git_commit or "")[:8]
+    parts = ["quick" if run.quick else "full"]
+    if commit:
+        parts.append(commit + (" dirty" if run.git_dirty else ""))
+    if run.profile:
+        parts.append(f"profiled: {run.profile}")
+    return ", ".join(parts)
+
+
+def _history_row(entry: Entry, previous: Entry | None) -> str:
+    notes = []
+    flip = flip_note(previous.result.verdict if previous else None, entry.result.verdict, mark="**")
+    if flip:
+        notes.append(flip)
+    if previous is not None and entry.result.hash != previous.result.hash:
+        notes.append("hypothesis edited")
+    if entry.run and entry.run.profile:
+        notes.append(f"profiled ({entry.run.profile}): not the standing measurement")
+    if entry.result.not_reproduced:
+        notes.append(f"**not reproduced**: {entry.result.not_reproduced}")
+    if entry.result.measured is None and entry.result.reason:
+        notes.append(entry.result.reason)
+    return (
+        f"| {entry.run_id} | {_cell(run_words(entry.run))} | {entry.result.verdict} "
+        f"| {_cell(measured_text(entry.result))} | {_cell('; '.join(notes)) if notes else ''} |"
+    )
+
+
 def render(all_results: list[RunResults]) -> str:
     """The ledger text. Depends on the results only: same results, same bytes."""
     entries = history(all_results)
@@ -79,16 +144,25 @@ def render(all_results: list[RunResults]) -> str:
         "| id | claim | expected | measured [95% interval] | evidence | verdict | off by | run | plot |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    shown_runs: dict[str, RunResults | None] = {}
     for hid, runs in entries.items():
-        latest = runs[-1]
+        latest = standing(runs)
+        shown_runs[latest.run_id] = latest.run
         r = latest.result
-        plot = f"[plot](ledger/{r.plot})" if r.plot else "—"
+        plot = f'<a href="ledger/{r.plot}"><img src="ledger/{r.plot}" width="96"></a>' if r.plot else "—"
         verdict = f"**{r.verdict}**" + (" (not reproduced)" if r.not_reproduced else "")
         lines.append(
             f"| `{hid}` | {_cell(r.claim)} | {_cell(r.expected)} | {_cell(measured_text(r))} "
             f"| {_cell(evidence_text(r))} | {verdict} | {_cell(off_by_text(r))} | {latest.run_id} | {plot} |"
         )
-    floors = [(hid, runs[-1].result.floor) for hid, runs in entries.items() if runs[-1].result.floor]
+    lines += ["", "Measured by:", ""]
+    for run_id in sorted(shown_runs):
+        run = shown_runs[run_id]
+        if run is None:
+            continue
+        machine = run.machine or "machine not recorded"
+        lines.append(f"- {run_id}: {run.created}, {run_words(run)}; {machine}")
+    floors = [(hid, standing(runs).result.floor) for hid, runs in entries.items() if standing(runs).result.floor]
     if floors:
         lines += ["", "Floors used as expected costs:", ""]
         for hid, floor in floors:
@@ -98,29 +172,27 @@ def render(all_results: list[RunResults]) -> str:
         "",
         "## History",
         "",
-        "Every verdict of every hypothesis, oldest first; **flip** marks a verdict that changed.",
+        f"The last {SHOWN_HISTORY} measurements of each hypothesis, newest last, and every flip; **flip** marks a",
+        "verdict that changed. A run that only reused a stored measurement adds no row. Older measurements",
+        "are in the collapsed block under each table.",
         "",
     ]
+    header = ["| run | how | verdict | measured [95% interval] | note |", "|---|---|---|---|---|"]
     for hid, runs in entries.items():
-        lines += [f"### `{hid}`", "", "| run | verdict | measured [95% interval] | note |", "|---|---|---|---|"]
-        previous: Entry | None = None
-        for entry in runs:
-            notes = []
-            flip = flip_note(previous.result.verdict if previous else None, entry.result.verdict, mark="**")
-            if flip:
-                notes.append(flip)
-            if previous is not None and entry.result.hash != previous.result.hash:
-                notes.append("hypothesis edited")
-            if entry.result.not_reproduced:
-                notes.append(f"**not reproduced**: {entry.result.not_reproduced}")
-            if entry.result.measured is None and entry.result.reason:
-                notes.append(entry.result.reason)
-            lines.append(
-                f"| {entry.run_id} | {entry.result.verdict} | {_cell(measured_text(entry.result))} "
-                f"| {_cell('; '.join(notes)) if notes else ''} |"
-            )
-            previous = entry
-        lines.append("")
+        rows = [_history_row(e, runs[i - 1] if i else None) for i, e in enumerate(runs)]
+        older = rows[:-SHOWN_HISTORY]
+        flips = [row for row in older if "**flip**" in row]
+        lines += [f"### `{hid}`", "", *header, *flips, *rows[-SHOWN_HISTORY:], ""]
+        if older:
+            lines += [
+                f"<details><summary>all {len(rows)} measurements</summary>",
+                "",
+                *header,
+                *rows,
+                "",
+                "</details>",
+                "",
+            ]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -170,12 +242,13 @@ def check(project: Project) -> tuple[list[str], list[str]]:
         path = project.relative(h.path)
         if not runs:
             problems.append(f"{hid}: never judged; run `perfkit run {hid}`")
-        elif runs[-1].result.hash != h.hash:
+        elif standing(runs).result.hash != h.hash:
             problems.append(
-                f"{hid}: stale: {path} changed since its last verdict (run {runs[-1].run_id}); run `perfkit run {hid}`"
+                f"{hid}: stale: {path} changed since its last verdict (run {standing(runs).run_id}); "
+                f"run `perfkit run {hid}`"
             )
     for hid, runs in entries.items():
-        plot = runs[-1].result.plot
+        plot = standing(runs).result.plot
         if plot and not (project.ledger_dir / plot).is_file():
             problems.append(f"{hid}: the ledger links {project.relative(project.ledger_dir / plot)}, which is missing")
         if hid not in hypotheses:
@@ -198,7 +271,7 @@ def describe(project: Project, hid: str) -> str:
     if not runs:
         lines.append("never judged: run `perfkit run " + hid + "`")
         return "\n".join(lines) + "\n"
-    latest = runs[-1]
+    latest = standing(runs)
     r = latest.result
     stale = hid in hypotheses and hypotheses[hid].hash != r.hash
     lines += [

@@ -1,14 +1,18 @@
 """Planning a run: the distinct probe executions the selected hypotheses need.
 
 Each distinct (notebook, parameters) pair is one planned `Execution`, whatever the number of
-hypotheses that read it. Its key hashes the notebook's bytes, the parameters, perfkit's source
-and the profiler, so an unchanged execution can be reused from an earlier run.
+hypotheses that read it. Its key hashes what decides the measurement: the notebook's code cells
+(not its outputs, execution counts or prose), the parameters, perfkit's source, the profiler and
+the environment (`environment_key`: Python, torch and CUDA runtime versions, the machine's
+fingerprint and the environment variables that change performance). An execution is reused from
+an earlier run only when all of them are the same.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -61,6 +65,78 @@ def source_tree_hash() -> str:
     return digest.hexdigest()[:16]
 
 
+#: Environment variables that change how fast a probe runs: a different value is a different measurement.
+PERFORMANCE_ENV = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "OMP_PROC_BIND",
+    "OMP_PLACES",
+    "KMP_AFFINITY",
+    "GOMP_CPU_AFFINITY",
+    "MALLOC_ARENA_MAX",
+    "LD_PRELOAD",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_LAUNCH_BLOCKING",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "NVIDIA_TF32_OVERRIDE",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+    "PERFKIT_PROFILE",
+)
+PERFORMANCE_ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_CUDNN_", "NCCL_")
+
+
+def _installed(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment_key(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """What besides the notebook decides a measurement: versions, the machine, performance variables."""
+    import platform
+    from importlib import metadata
+
+    from perfkit.machine import devices
+
+    environ = dict(os.environ if environ is None else environ)
+    cuda = sorted(
+        f"{d.metadata['Name']}=={d.version}"
+        for d in metadata.distributions()
+        if (d.metadata["Name"] or "").lower().startswith(("nvidia-cuda-runtime", "nvidia-cudnn"))
+    )
+    return {
+        "python": platform.python_version(),
+        "torch": _installed("torch"),
+        "cuda_runtime": cuda,
+        "machine": devices.fingerprint(),
+        "env": {
+            k: v for k, v in sorted(environ.items()) if k in PERFORMANCE_ENV or k.startswith(PERFORMANCE_ENV_PREFIXES)
+        },
+    }
+
+
+def notebook_code(path: Path) -> bytes:
+    """The part of a notebook that decides what it measures: its code cells and their tags.
+
+    Saving the notebook after Run All in JupyterLab (outputs, execution counts, widths) or editing its
+    prose leaves this unchanged, so the cache stays warm.
+    """
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    cells = [
+        {"source": "".join(c.get("source", "")), "tags": sorted(c.get("metadata", {}).get("tags", []))}
+        for c in nb.get("cells", [])
+        if c.get("cell_type") == "code"
+    ]
+    kernel = nb.get("metadata", {}).get("kernelspec", {}).get("name")
+    return json.dumps({"cells": cells, "kernel": kernel}, sort_keys=True).encode()
+
+
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     """`K=V` strings to parameters; V is read as YAML so 4096 is an int and 0.5 a float."""
     out = {}
@@ -75,11 +151,14 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def execution_key(notebook_bytes: bytes, params: dict[str, Any], source_hash: str, profile: str | None) -> str:
-    digest = hashlib.sha256(notebook_bytes)
+def execution_key(
+    code: bytes, params: dict[str, Any], source_hash: str, profile: str | None, environment: dict[str, Any]
+) -> str:
+    digest = hashlib.sha256(code)
     digest.update(json.dumps(params, sort_keys=True, default=str).encode())
     digest.update(source_hash.encode())
     digest.update((profile or "").encode())
+    digest.update(json.dumps(environment, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:16]
 
 
@@ -104,6 +183,7 @@ def plan(
     overrides: dict[str, Any],
     source_hash: str,
     profile: str | None,
+    environment: dict[str, Any],
     replicates: int = 1,
     note: Callable[[str], None] = print,
 ) -> Plan:
@@ -129,10 +209,10 @@ def plan(
                     raise UserError(f"--param {name}={value!r}: {problem} ({h.probe.notebook})")
                 params[name] = value
                 used_overrides.add(name)
-        notebook_bytes = path.read_bytes()
+        code = notebook_code(path)
         keys = []
         for point in _points(h, params, quick=quick, overrides=overrides, note=note):
-            key = execution_key(notebook_bytes, point, source_hash, profile)
+            key = execution_key(code, point, source_hash, profile, environment)
             by_key.setdefault(key, Execution(key=key, notebook=h.probe.notebook, params=point))
             counts[key] = max(counts.get(key, 1), h.probe.replicates or replicates)
             if isinstance(declared, dict) and REPLICATE_PARAM in declared:

@@ -20,6 +20,8 @@ Format history (`format_version`), the same numbers for both files:
      how many `replicates` and what share of the variance lies `between` them; a result's
      `measured` says the same of the verdict's quantity, and `stopped` why no more replicates ran,
      `not_reproduced` when nothing changed since the last verdict and the intervals are disjoint.
+  4: a run's results say the `profile`r it ran under (null: none; a profiled measurement is marked
+     and never stands for an unprofiled one) and the `machine` it measured on (CPU, cores, GPUs).
 Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file is refused.
 """
 
@@ -36,7 +38,7 @@ from perfkit.files import Reader, encode_number, read_json, upgrade, write_json
 from perfkit.paths import Project
 from perfkit.samples import MetricRecord
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 VERDICTS = ("confirmed", "refuted", "inconclusive", "error")
 PLANNED = "planned"
 STATUSES = (PLANNED, "ok", "error", "timeout", "crashed")
@@ -271,6 +273,8 @@ class RunResults:
     git_commit: str | None
     git_dirty: bool | None
     hypotheses: tuple[HypothesisResult, ...] = field(default_factory=tuple)
+    profile: str | None = None  # the profiler the run ran under (`--profile`), or None
+    machine: str | None = None  # what it measured on, in words (CPU model, cores, GPUs)
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if k != "hypotheses"}
@@ -288,6 +292,8 @@ class RunResults:
             git_commit=r.get("git_commit", str, optional=True),
             git_dirty=r.get("git_dirty", bool, optional=True),
             hypotheses=_unique(tuple(HypothesisResult.from_json(h) for h in r.children("hypotheses")), path),
+            profile=r.get("profile", str, optional=True),
+            machine=r.get("machine", str, optional=True),
         )
 
 
@@ -335,7 +341,15 @@ def _2_to_3(old: dict) -> dict:
 
 
 #: version n -> function turning a version-n dict into a version-(n + 1) dict (either file).
-UPGRADES: dict[int, Callable[[dict], dict]] = {1: _1_to_2, 2: _2_to_3}
+def _3_to_4(old: dict) -> dict:
+    """Results say the profiler and the machine; older runs did not record them (null)."""
+    if "hypotheses" in old:
+        old.setdefault("profile", None)
+        old.setdefault("machine", None)
+    return old
+
+
+UPGRADES: dict[int, Callable[[dict], dict]] = {1: _1_to_2, 2: _2_to_3, 3: _3_to_4}
 
 
 # ---------------------------------------------------------------- files

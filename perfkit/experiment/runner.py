@@ -29,7 +29,14 @@ from perfkit.errors import UserError
 from perfkit.experiment import commit, ledger, plots
 from perfkit.experiment import execute as executor
 from perfkit.experiment.hypothesis import MAX_REPLICATES, Hypothesis, load_hypotheses
-from perfkit.experiment.plan import REPLICATE_PARAM, Plan, parse_overrides, plan, source_tree_hash
+from perfkit.experiment.plan import (
+    REPLICATE_PARAM,
+    Plan,
+    environment_key,
+    parse_overrides,
+    plan,
+    source_tree_hash,
+)
 from perfkit.experiment.results import (
     Execution,
     HypothesisResult,
@@ -41,7 +48,7 @@ from perfkit.experiment.results import (
 )
 from perfkit.experiment.verdict import Judgement, Point, Verdict, effective_points, judge, usable_replicates
 from perfkit.files import dumps, write_atomic, write_json
-from perfkit.machine import fitness, snapshot, utilization
+from perfkit.machine import devices, fitness, snapshot, utilization
 from perfkit.paths import Project
 
 __all__ = ["DEFAULT_TIMEOUT_S", "INJECTED_TAG", "PROFILERS", "RunOptions", "RunReport", "parse_overrides", "run"]
@@ -643,8 +650,16 @@ def write(
     command: str,
     git: tuple[str | None, bool | None],
     say: _Printer,
-) -> tuple[RunResults, Path]:
-    """Plots, then the compact results, plots and LEDGER.md committed as one unit (perfkit/experiment/commit.py)."""
+    profile: str | None = None,
+    machine: str | None = None,
+) -> tuple[RunResults, Path | None]:
+    """Plots, then the compact results, plots and LEDGER.md committed as one unit (perfkit/experiment/commit.py).
+
+    The ledger is a history of measurements, not of runs: a hypothesis whose executions were all
+    reused and whose verdict is the one already stored gets no new row, and a run that measured
+    nothing new writes no results file (its evidence and manifest stay under runs/). Returns every
+    result of the run and the results file written (None when there was nothing new).
+    """
     staged = commit.staging_dir(project, run_dir.run_id) / "plots"
     for item in judged:
         h, j = item.hypothesis, item.judgement
@@ -653,12 +668,20 @@ def write(
     with commit.locked(project, say):
         commit.finish_pending(project)
         earlier = load_all_results(project)  # read under the lock: for "not reproduced" and for the ledger
-        last = {hid: (runs[-1].run_id, runs[-1].result) for hid, runs in ledger.history(earlier).items()}
-        made = []
+        standing = {hid: ledger.standing(runs) for hid, runs in ledger.history(earlier).items()}
+        last = {hid: (e.run_id, e.result) for hid, e in standing.items()}
+        made, fresh = [], []
         for item in judged:
             result = _result(item)
             run_id, previous = last.get(result.id, (None, None))
-            made.append(replace(result, not_reproduced=not_reproduced(result, previous, run_id)))
+            result = replace(result, not_reproduced=not_reproduced(result, previous, run_id))
+            made.append(result)
+            if ledger.same_measurement(result, previous):
+                (staged / f"{result.id}.png").unlink(missing_ok=True)  # the ledger's plot stays the measured one
+                continue
+            fresh.append(result)
+            if profile and previous is not None and not (standing[result.id].run and standing[result.id].run.profile):
+                (staged / f"{result.id}.png").unlink(missing_ok=True)  # a profiled run never replaces the plot
         results = RunResults(
             run_id=run_dir.run_id,
             created=run_dir.created,
@@ -667,11 +690,14 @@ def write(
             git_commit=git[0],
             git_dirty=git[1],
             hypotheses=tuple(made),
+            profile=profile,
+            machine=machine,
         )
-        path = commit.apply(project, results, earlier)
+        path = commit.apply(project, replace(results, hypotheses=tuple(fresh)), earlier) if fresh else None
     for item, result in zip(judged, made):
         h, j = item.hypothesis, item.judgement
-        say(f"{h.id:<32} {j.verdict.value:<13} {j.line()}")
+        same = "" if result in fresh else "   (reused: as in the ledger)"
+        say(f"{h.id:<32} {j.verdict.value:<13} {j.line()}{same}")
         for warning in j.warnings:
             say(f"{'':<32}   warning: {warning}")
         if result.not_reproduced:
@@ -721,6 +747,7 @@ def run(
         raise UserError(f"no hypotheses in {project.relative(project.hypotheses_dir)}")
     say = _Printer(out)
     source_hash = source_tree_hash()
+    environment = environment_key()
     the_plan = plan(
         project,
         hypotheses,
@@ -728,16 +755,19 @@ def run(
         overrides=options.overrides,
         source_hash=source_hash,
         profile=profile,
+        environment=environment,
         replicates=options.replicates_default(),
         note=say,
     )
     run_dir = new_run_dir(project)
     manifest = _manifest(project, run_dir, hypotheses, options, source_hash)
+    manifest["cache_key"] = environment  # what, besides the notebook and parameters, a reuse must match
     _write_manifest(run_dir, manifest)
     for killed in mark_killed_runs(project, by=run_dir.run_id):
         say(f"run {killed} was killed while running (its process is gone): its manifest now says so")
     manifest["environment"] = snapshot.snapshot(root=project.root)
     git = manifest["environment"]["perfkit"]["git"]
+    machine_text = devices.describe()
     done: dict[str, Execution] = {}
     timings: dict[str, float] = {}
     try:
@@ -764,6 +794,8 @@ def run(
             command=options.command,
             git=(git.get("commit"), git.get("dirty")),
             say=say,
+            profile=profile,
+            machine=machine_text,
         )
         manifest["status"] = "finished"
         manifest["verdicts"] = {item.hypothesis.id: item.judgement.verdict.value for item in judged}
@@ -805,10 +837,16 @@ def run(
         f"run {run_dir.run_id} finished in {wall:.1f} s: {executed} executed, {len(done) - executed} reused; "
         + ", ".join(f"{n} {v.value}" for v, n in counts.items() if n)
     )
-    say(
-        f"results: {project.relative(results_file)}; ledger: {project.relative(project.ledger_path)}; "
-        f"evidence: {project.relative(run_dir.path)}/"
-    )
+    if results_file is None:
+        say(
+            "nothing new was measured (every execution reused, every verdict as stored): results and ledger "
+            f"unchanged; evidence: {project.relative(run_dir.path)}/"
+        )
+    else:
+        say(
+            f"results: {project.relative(results_file)}; ledger: {project.relative(project.ledger_path)}; "
+            f"evidence: {project.relative(run_dir.path)}/"
+        )
     return RunReport(
         run_id=run_dir.run_id,
         results=results,

@@ -19,8 +19,6 @@ Format history (`format_version`): 1: first format (key `format`, rates under `f
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
-import json
 import math
 import os
 import time
@@ -31,7 +29,7 @@ import psutil
 
 from perfkit.errors import RecordError, UserError
 from perfkit.files import VERSION_KEY, read_versioned, write_json
-from perfkit.machine.devices import cpu_model, gpu_names
+from perfkit.machine.devices import fingerprint, fingerprint_inputs
 from perfkit.machine.utilization import busy_cpu_seconds
 from perfkit.probe.timing import bench
 from perfkit.stats import mean_interval
@@ -242,23 +240,6 @@ def measure(
 
 
 # --- the cache -------------------------------------------------------------------------------------
-
-
-def fingerprint_inputs() -> dict:
-    """What identifies a machine for the cache: CPU model, cores, memory (GiB) and GPU names."""
-    return {
-        "cpu_model": cpu_model(),
-        "logical_cores": psutil.cpu_count(logical=True),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30),
-        "gpus": gpu_names(),
-    }
-
-
-def fingerprint(inputs: dict | None = None) -> str:
-    """A short stable hash of `fingerprint_inputs`."""
-    inputs = fingerprint_inputs() if inputs is None else inputs
-    text = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def cache_dir() -> Path:

@@ -7,9 +7,11 @@ A machine without a driver gets one line saying why (`nvml().note`), never a tra
 
 from __future__ import annotations
 
+import hashlib
+import json
 import platform
 
-__all__ = ["cpu_model", "nvml", "gpu_names"]
+__all__ = ["cpu_model", "nvml", "gpu_names", "fingerprint_inputs", "fingerprint"]
 
 
 def cpu_model() -> str:
@@ -79,3 +81,31 @@ def gpu_names() -> list[str]:
     """Names of the NVIDIA GPUs NVML sees (empty without a driver)."""
     with nvml() as nv:
         return [nv.query("nvmlDeviceGetName", h) for h in nv.handles]
+
+
+def fingerprint_inputs() -> dict:
+    """What identifies a machine: CPU model, cores, memory (GiB) and GPU names."""
+    import psutil
+
+    return {
+        "cpu_model": cpu_model(),
+        "logical_cores": psutil.cpu_count(logical=True),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30),
+        "gpus": gpu_names(),
+    }
+
+
+def fingerprint(inputs: dict | None = None) -> str:
+    """A short stable hash of `fingerprint_inputs`: the bandwidth cache and the execution cache key on it."""
+    inputs = fingerprint_inputs() if inputs is None else inputs
+    text = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def describe(inputs: dict | None = None) -> str:
+    """The machine in a few words, for a reader of the ledger: CPU, cores, memory, GPUs."""
+    inputs = fingerprint_inputs() if inputs is None else inputs
+    gpus = inputs.get("gpus") or []
+    names = sorted(set(gpus))
+    gpu_text = ", ".join(f"{gpus.count(n)}x {n}" for n in names) if gpus else "no GPU"
+    return f"{inputs['cpu_model']}, {inputs['logical_cores']} cores, {inputs['memory_gib']} GiB; {gpu_text}"
