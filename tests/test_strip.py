@@ -1,0 +1,53 @@
+"""Probe notebooks reach git without outputs: the clean filter `make` registers."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+from perfkit.experiment import plan, strip
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_shipped_notebook_is_stored_clean():
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        text = path.read_text(encoding="utf-8")
+        assert strip.dumps(strip.strip(json.loads(text))) == text, path.name
+
+
+def git(repo, *args):
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+
+
+def test_saving_after_run_all_leaves_git_diff_empty_and_the_cache_key_unchanged(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "notebooks").mkdir(parents=True)
+    shutil.copy(ROOT / "notebooks" / "mask_build.ipynb", repo / "notebooks")
+    shutil.copy(ROOT / ".gitattributes", repo)
+    git(repo, "init", "-q")
+    git(repo, "config", "user.email", "t@example.com")
+    git(repo, "config", "user.name", "t")
+    git(repo, "config", "filter.perfkit-notebook.clean", f"{sys.executable} -m perfkit.experiment.strip")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "clean")
+    path = repo / "notebooks" / "mask_build.ipynb"
+    key = plan.notebook_code(path)
+    nb = nbformat.read(str(path), as_version=4)
+    for i, cell in enumerate(nb.cells):  # Run All, then save, in JupyterLab
+        if cell.cell_type == "code":
+            cell.execution_count = i + 1
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="x" * 10_000 + "\n")]
+            cell.metadata["execution"] = {"iopub.status.idle": "2026-12-01T00:00:00Z"}
+    nb.metadata["widgets"] = {"state": {}}
+    nbformat.write(nb, str(path))
+    assert path.stat().st_size > 50_000
+    assert git(repo, "diff", "--stat", "notebooks/") == ""
+    assert plan.notebook_code(path) == key
+    nb.cells[-1].source += "\nprint('changed')"  # a change to the code is a change
+    nbformat.write(nb, str(path))
+    assert "mask_build.ipynb" in git(repo, "diff", "--stat", "notebooks/")
+    assert plan.notebook_code(path) != key
