@@ -64,6 +64,24 @@ def _parser() -> argparse.ArgumentParser:
         "else 3x --replicates); intervals are then corrected for the extra looks",
     )
 
+    dif = sub.add_parser("diff", help="what changed in the verdicts and measurements since BASE (a PR's view)")
+    dif.add_argument(
+        "base", nargs="?", help="a git revision or a folder of results (default: the merge base with main)"
+    )
+    dif.add_argument("--md", action="store_true", help="markdown for a pull-request comment, with plot thumbnails")
+    dif.add_argument("--json", action="store_true", help="the changes as JSON")
+    dif.add_argument(
+        "--fail-on",
+        default=",".join(("refuted", "error", "not-reproduced")),
+        metavar="KINDS",
+        help="exit 1 when any of these is present: flip, refuted, error, not-reproduced, added, removed, edited, "
+        "moved, or none (default: refuted,error,not-reproduced: a flip or new verdict to refuted or error, "
+        "a measurement not reproduced)",
+    )
+    dif.add_argument(
+        "--plots-url", default="hypotheses/ledger/", metavar="URL", help="prefix of the plot paths in --md"
+    )
+
     led = sub.add_parser("ledger", help="regenerate hypotheses/LEDGER.md from the stored results")
     led.add_argument("--check", action="store_true", help="exit 1 when the ledger or a verdict is out of date")
 
@@ -95,6 +113,25 @@ def _delegated(argv: list[str]) -> tuple[str, list[str]] | None:
 
 def _delegate(name: str, rest: list[str]) -> int:
     return int(importlib.import_module(_DELEGATED[name]).main(rest) or 0)
+
+
+def _diff(project, args) -> int:
+    import json
+
+    from perfkit.experiment import diff
+
+    fail_on = diff.parse_fail_on(args.fail_on)
+    name, changes = diff.diff(project, args.base)
+    if args.json:
+        print(json.dumps({"base": name, "changes": [c.to_json() for c in changes]}, indent=1))
+    elif args.md:
+        sys.stdout.write(diff.markdown(changes, name, plots_url=args.plots_url))
+    else:
+        sys.stdout.write(diff.text(changes, name))
+    bad = diff.failing(changes, fail_on)
+    if bad and not (args.json or args.md):
+        print(f"failing: {', '.join(f'{c.id} ({c.kind})' for c in bad)} (--fail-on {args.fail_on})")
+    return 1 if bad else 0
 
 
 def _main(argv: list[str]) -> int:
@@ -146,6 +183,8 @@ def _main(argv: list[str]) -> int:
             print(f"finished committing run {run_id}, which was stopped part-way")
         print(f"wrote {project.relative(project.ledger_path)}")
         return 0
+    if args.command == "diff":
+        return _diff(project, args)
     if args.command == "show":
         from perfkit.experiment import ledger
 

@@ -1,0 +1,144 @@
+"""`perfkit diff`: what a change did, flips first, moves only beyond the intervals, a CI gate."""
+
+import json
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from perfkit.cli import main
+from perfkit.experiment import diff, results
+from perfkit.experiment.hypothesis import load_hypotheses
+from perfkit.experiment.results import Execution, HypothesisResult, Measured, RunResults
+from perfkit.paths import Project
+
+FIXTURES = Path(__file__).parent / "fixtures" / "project"
+
+
+def result(h, verdict, value, run_id, width=0.1) -> HypothesisResult:
+    return HypothesisResult(
+        id=h.id,
+        hash=h.hash,
+        claim=h.claim,
+        kind=h.expect.kind,
+        expected="≈ 1 ms (×2)",
+        verdict=verdict,
+        reason=None,
+        measured=Measured(label="mean", unit="ms", value=value, low=value * (1 - width), high=value * (1 + width)),
+        off_by=None,
+        plot=f"plots/{h.id}.png",
+        executions=(Execution(key=run_id, notebook="fixture_probe.ipynb", params={}, status="ok", run_id=run_id),),
+    )
+
+
+def store(project, run_id, entries):
+    results.write_results(
+        project,
+        RunResults(
+            run_id=run_id,
+            created="2025-01-01T00:00:00Z",
+            command="perfkit run",
+            quick=True,
+            git_commit=None,
+            git_dirty=None,
+            hypotheses=tuple(entries),
+        ),
+    )
+
+
+def git(root, *args):
+    return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def project(tmp_path) -> Project:
+    root = tmp_path / "repo"
+    shutil.copytree(FIXTURES, root)
+    git(root, "init", "-q", "-b", "main")
+    git(root, "config", "user.email", "t@example.com")
+    git(root, "config", "user.name", "t")
+    return Project(root)
+
+
+def test_compare_orders_flips_first_and_moves_only_beyond_both_intervals(project):
+    hs = {h.id: h for h in load_hypotheses(project)}
+    base = [
+        RunResults(
+            "1",
+            "c",
+            "perfkit run",
+            True,
+            None,
+            None,
+            tuple(
+                result(hs[i], "confirmed", 1.0, "1")
+                for i in ("fx-cost-confirmed", "fx-floor", "fx-share", "fx-scaling")
+            ),
+        )
+    ]
+    current = base + [
+        RunResults(
+            "2",
+            "c",
+            "perfkit run",
+            True,
+            None,
+            None,
+            (
+                result(hs["fx-cost-confirmed"], "refuted", 3.0, "2"),  # flip
+                result(hs["fx-floor"], "confirmed", 1.15, "2"),  # inside the noise: unchanged
+                result(hs["fx-share"], "confirmed", 2.0, "2"),  # beyond both intervals: moved 2x
+                result(hs["fx-speedup"], "confirmed", 1.0, "2"),  # new
+            ),
+        )
+    ]
+    changes = diff.compare(base, current)
+    assert [(c.kind, c.id) for c in changes] == [
+        ("flip", "fx-cost-confirmed"),
+        ("added", "fx-speedup"),
+        ("moved", "fx-share"),
+        ("unchanged", "fx-floor"),
+        ("unchanged", "fx-scaling"),
+    ]
+    assert changes[0].factor == pytest.approx(3.0) and changes[2].factor == pytest.approx(2.0)
+    assert [c.id for c in diff.failing(changes, diff.DEFAULT_FAIL_ON)] == ["fx-cost-confirmed"]
+    assert diff.failing(changes, ("moved",))[0].id == "fx-share"
+    assert diff.failing(changes, ()) == []
+
+
+def test_diff_md_against_the_last_commit_shows_the_rejudged_hypothesis_first(project, capsys):
+    hs = {h.id: h for h in load_hypotheses(project)}
+    store(project, "20250101-000001", [result(h, "confirmed", 1.0, "1") for h in hs.values()])
+    git(project.root, "add", ".")
+    git(project.root, "commit", "-qm", "base")
+    store(project, "20250102-000001", [result(hs["fx-cost-confirmed"], "refuted", 5.0, "2")])
+    code = main(["--root", str(project.root), "diff", "--md"])
+    out = capsys.readouterr().out
+    assert code == 1  # a flip to refuted fails the default gate
+    lines = out.splitlines()
+    assert len(lines) < 30
+    table = [line for line in lines if line.startswith("| ")]
+    assert table[1].startswith("| flip | `fx-cost-confirmed` | confirmed → refuted | 1 ms [0.9, 1.1] | 5 ms [4.5, 5.5]")
+    assert "5x higher" in table[1] and '<img src="hypotheses/ledger/plots/fx-cost-confirmed.png"' in table[1]
+    assert f"{len(hs) - 1} unchanged" in out
+    assert main(["--root", str(project.root), "diff", "--fail-on", "none"]) == 0
+    assert "1 flip" in capsys.readouterr().out
+    assert main(["--root", str(project.root), "diff", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["base"] == "HEAD" and data["changes"][0]["kind"] == "flip"
+
+
+def test_diff_against_a_folder_and_bad_bases_are_clear(project, tmp_path, capsys):
+    hs = {h.id: h for h in load_hypotheses(project)}
+    other = tmp_path / "other"
+    store(Project(other), "20250101-000001", [result(hs["fx-share"], "confirmed", 1.0, "1")])
+    store(project, "20250101-000001", [replace(result(hs["fx-share"], "confirmed", 1.0, "1"))])
+    assert main(["--root", str(project.root), "diff", str(other / "hypotheses" / "ledger" / "results")]) == 0
+    assert "1 unchanged" in capsys.readouterr().out
+    git(project.root, "add", ".")
+    git(project.root, "commit", "-qm", "x")
+    assert main(["--root", str(project.root), "diff", "no-such-revision"]) == 2
+    assert "perfkit: git rev-parse" in capsys.readouterr().err
+    assert main(["--root", str(project.root), "diff", "--fail-on", "vibes"]) == 2
