@@ -82,6 +82,10 @@ def _parser() -> argparse.ArgumentParser:
         "--plots-url", default="hypotheses/ledger/", metavar="URL", help="prefix of the plot paths in --md"
     )
 
+    jud = sub.add_parser("judge", help="verdicts from a probe notebook executed by hand (printed, never stored)")
+    jud.add_argument("notebook", help="an executed notebook (papermill, nbconvert or a saved JupyterLab session)")
+    jud.add_argument("--hypothesis", action="append", default=[], metavar="ID", help="judge against this one")
+
     led = sub.add_parser("ledger", help="regenerate hypotheses/LEDGER.md from the stored results")
     led.add_argument("--check", action="store_true", help="exit 1 when the ledger or a verdict is out of date")
 
@@ -132,6 +136,21 @@ def _diff(project, args) -> int:
     if bad and not (args.json or args.md):
         print(f"failing: {', '.join(f'{c.id} ({c.kind})' for c in bad)} (--fail-on {args.fail_on})")
     return 1 if bad else 0
+
+
+def _judge(project, args) -> int:
+    from pathlib import Path
+
+    from perfkit.experiment.manual import judge_notebook
+
+    name, judged = judge_notebook(project, Path(args.notebook), args.hypothesis)
+    print(f"judged from {args.notebook} (probe {name}), executed by hand: not a run, one process, not stored")
+    for item in judged:
+        j = item.judgement
+        print(f"{item.hypothesis.id:<32} {j.verdict.value:<13} {j.line()}")
+        for warning in j.warnings:
+            print(f"{'':<32}   warning: {warning}")
+    return 1 if any(item.judgement.verdict.value == "error" for item in judged) else 0
 
 
 def _main(argv: list[str]) -> int:
@@ -185,6 +204,8 @@ def _main(argv: list[str]) -> int:
         return 0
     if args.command == "diff":
         return _diff(project, args)
+    if args.command == "judge":
+        return _judge(project, args)
     if args.command == "show":
         from perfkit.experiment import ledger
 

@@ -484,3 +484,33 @@ def test_four_runs_at_once_keep_every_ledger_row(tmp_path):
     for hid, run_id in zip(ids, run_ids):
         assert f"| `{hid}` |" in text and f"| {run_id} |" in text, (hid, run_id)
     assert main(["--root", str(root), "ledger", "--check"]) == 0
+
+
+def test_a_notebook_executed_by_hand_with_papermill_gets_the_runs_verdicts(first, tmp_path, monkeypatch, capsys):
+    import papermill
+
+    project, report, _ = first
+    monkeypatch.setenv("JUPYTER_PATH", str(executor.ensure_kernelspec(tmp_path / "kernels")))
+    out = tmp_path / "out.ipynb"
+    papermill.execute_notebook(
+        str(project.notebooks_dir / "fixture_probe.ipynb"),
+        str(out),
+        parameters={"mode": "ok", "n": 1000},
+        progress_bar=False,
+        cwd=str(tmp_path),
+    )
+    code = main(["--root", str(project.root), "judge", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert text.startswith(f"judged from {out} (probe fixture_probe.ipynb), executed by hand: not a run")
+    got = {line.split()[0]: line.split()[1] for line in text.splitlines()[1:] if line and not line.startswith(" ")}
+    by_run = dict((k, v[0]) for k, v in verdicts(report).items())
+    for hid in ("fx-cost-confirmed", "fx-cost-refuted", "fx-floor", "fx-share", "fx-speedup"):
+        assert got[hid] == by_run[hid], hid
+    # a record that asks for other parameters gets no verdict from this notebook
+    assert (
+        got["fx-raises"] == "inconclusive" and "the notebook ran with mode='ok'; the record asks mode='raise'" in text
+    )
+    stored = sorted(p.name for p in project.results_dir.glob("*.json"))
+    assert main(["--root", str(project.root), "judge", str(out), "--hypothesis", "fx-share"]) == 0
+    assert sorted(p.name for p in project.results_dir.glob("*.json")) == stored  # never stored

@@ -1,0 +1,89 @@
+"""`perfkit judge NOTEBOOK`: verdicts from a probe notebook someone executed by hand.
+
+A notebook run with papermill, nbconvert or JupyterLab (and saved) carries its records in its
+outputs. This judges them against the hypotheses that name the notebook (or the one asked for),
+with the same judging as a run. The verdicts are printed, clearly marked as not produced by a
+run, and never stored: one hand-run process is one replicate on a machine nobody watched, so it
+is a first look, not evidence for the ledger.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from perfkit.errors import UserError
+from perfkit.experiment.execute import read_notebook, records_in
+from perfkit.experiment.hypothesis import Hypothesis, load_hypotheses, notebook_parameters
+from perfkit.experiment.results import Execution
+from perfkit.experiment.verdict import Judgement, Verdict, judge
+from perfkit.paths import Project
+
+
+@dataclass(frozen=True)
+class HandJudged:
+    hypothesis: Hypothesis
+    judgement: Judgement
+    differs: dict[str, tuple[Any, Any]]  # parameter -> (the record's value, the notebook's)
+
+
+def probe_name(nb, path: Path) -> str:
+    """The probe a notebook was executed from: papermill's input path, else the file's own name."""
+    source = nb.metadata.get("papermill", {}).get("input_path")
+    return Path(source).name if source else path.name
+
+
+def _parameters(nb, probe: Path) -> dict[str, Any]:
+    """The parameters it ran with: the probe's defaults, overridden by those papermill says it injected."""
+    import ast
+
+    declared = notebook_parameters(probe) if probe.is_file() else {}
+    ran: dict[str, Any] = {}
+    for name, description in (declared if isinstance(declared, dict) else {}).items():
+        try:
+            ran[name] = ast.literal_eval(description.get("default", ""))
+        except (ValueError, SyntaxError):
+            continue  # a default computed at run time: unknown here
+    return ran | dict(nb.metadata.get("papermill", {}).get("parameters") or {})
+
+
+def judge_notebook(project: Project, path: Path, ids: list[str] | None = None) -> tuple[str, list[HandJudged]]:
+    """(the probe's name, the verdict of each hypothesis that reads it) from an executed notebook."""
+    nb = read_notebook(path)
+    if nb is None:
+        raise UserError(f"{path}: {'not a readable notebook' if path.is_file() else 'no such file'}")
+    name = probe_name(nb, path)
+    hypotheses = load_hypotheses(project, ids or None)
+    chosen = hypotheses if ids else [h for h in hypotheses if Path(h.probe.notebook).name == name]
+    if not chosen:
+        raise UserError(f"no hypothesis names {name}; pass --hypothesis ID to judge it against one")
+    records = tuple(records_in(nb, str(path)))
+    if not records:
+        raise UserError(f"{path}: no perfkit records in its outputs (was it executed and saved?)")
+    params = _parameters(nb, project.notebooks_dir / name)
+    out = []
+    for h in chosen:
+        full, quick = dict(h.probe.params), {**h.probe.params, **h.probe.quick}
+        differs = min(
+            (
+                {k: (v, params[k]) for k, v in wanted.items() if k in params and params[k] != v}
+                for wanted in (full, quick)
+            ),
+            key=len,
+        )
+        execution = Execution(
+            key="by-hand", notebook=name, params={**full, **params}, status="ok", records=records, run_id=None
+        )
+        judgement = judge(h, [execution])
+        if differs:  # another experiment than the one the claim names: no verdict on the claim
+            ran = ", ".join(f"{k}={v[1]!r}" for k, v in differs.items())
+            asked = ", ".join(f"{k}={v[0]!r}" for k, v in differs.items())
+            judgement = replace(
+                judgement,
+                verdict=Verdict.INCONCLUSIVE,
+                off_by=None,
+                reason=f"the notebook ran with {ran}; the record asks {asked} (full or quick)",
+            )
+        out.append(HandJudged(h, judgement, differs))
+    return name, out
