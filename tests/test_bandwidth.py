@@ -184,11 +184,12 @@ def test_measure_records_how_busy_the_machine_was():
     import subprocess
     import sys
 
-    code = "import time\nend = time.perf_counter() + 1.0\nwhile time.perf_counter() < end: pass\n"
-    burner = subprocess.Popen([sys.executable, "-c", code])
+    code = "import time\nend = time.perf_counter() + 60.0\nwhile time.perf_counter() < end: pass\n"
+    burner = subprocess.Popen([sys.executable, "-c", code])  # busy for the whole measurement, then stopped
     try:
         time.sleep(0.1)
         m = bandwidth.measure(cuda=False, array_bytes=8 * MIB, warmup=1, repeat=3)
     finally:
+        burner.kill()
         burner.wait()
     assert m.busy is not None and m.busy > 0.15  # one busy core of this machine's cores

@@ -117,7 +117,7 @@ def test_the_cache_key_ignores_outputs_and_prose_but_not_code_or_the_environment
     nb.cells[1].source = "x = 2"
     nbformat.write(nb, str(path))
     assert plan.notebook_code(path) != before
-    base = plan.environment_key({"HOME": "/root", "PATH": "/bin"})
+    base = plan.environment_key({"HOME": "/root", "PATH": "/bin", "TORCHINDUCTOR_CACHE_DIR": "/tmp/x"})
     assert base["env"] == {}
     for name, value in (("OMP_NUM_THREADS", "1"), ("CUDA_VISIBLE_DEVICES", "3"), ("TORCHINDUCTOR_MAX_AUTOTUNE", "1")):
         assert plan.environment_key({name: value})["env"] == {name: value}

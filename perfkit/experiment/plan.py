@@ -86,6 +86,13 @@ PERFORMANCE_ENV = (
     "PERFKIT_PROFILE",
 )
 PERFORMANCE_ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_CUDNN_", "NCCL_")
+_NOT_PERFORMANCE = ("CACHE", "_DIR", "_PATH", "_HOME", "DEBUG_FILE")  # where files go, not how fast (torch sets some)
+
+
+def _changes_performance(name: str) -> bool:
+    if name in PERFORMANCE_ENV:
+        return True
+    return name.startswith(PERFORMANCE_ENV_PREFIXES) and not any(word in name for word in _NOT_PERFORMANCE)
 
 
 def _installed(name: str) -> str | None:
@@ -115,9 +122,7 @@ def environment_key(environ: dict[str, str] | None = None) -> dict[str, Any]:
         "torch": _installed("torch"),
         "cuda_runtime": cuda,
         "machine": devices.fingerprint(),
-        "env": {
-            k: v for k, v in sorted(environ.items()) if k in PERFORMANCE_ENV or k.startswith(PERFORMANCE_ENV_PREFIXES)
-        },
+        "env": {k: v for k, v in sorted(environ.items()) if _changes_performance(k)},
     }
 
 
