@@ -86,6 +86,10 @@ def _parser() -> argparse.ArgumentParser:
     jud.add_argument("notebook", help="an executed notebook (papermill, nbconvert or a saved JupyterLab session)")
     jud.add_argument("--hypothesis", action="append", default=[], metavar="ID", help="judge against this one")
 
+    rep = sub.add_parser("report", help="a static HTML page of the ledger: table, plots, history, changes")
+    rep.add_argument("--out", default=None, metavar="DIR", help="where to write index.html (default runs/report)")
+    rep.add_argument("--base", default="auto", help="compare against this git revision or results folder")
+
     led = sub.add_parser("ledger", help="regenerate hypotheses/LEDGER.md from the stored results")
     led.add_argument("--check", action="store_true", help="exit 1 when the ledger or a verdict is out of date")
 
@@ -206,6 +210,16 @@ def _main(argv: list[str]) -> int:
         return _diff(project, args)
     if args.command == "judge":
         return _judge(project, args)
+    if args.command == "report":
+        from pathlib import Path
+
+        from perfkit.experiment import report
+        from perfkit.experiment.results import load_all_results
+
+        out = Path(args.out) if args.out else project.runs_dir / "report"
+        page = report.write(project, out, load_all_results(project), base=args.base)
+        print(f"wrote {page}")
+        return 0
     if args.command == "show":
         from perfkit.experiment import ledger
 

@@ -1,0 +1,66 @@
+"""`perfkit report`: one static page, checked in a real headless browser (Debian's chromium)."""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from perfkit.cli import main
+from perfkit.experiment import report
+from perfkit.experiment.results import load_all_results
+from perfkit.paths import Project
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.fixture
+def project(tmp_path) -> Project:
+    shutil.copytree(ROOT / "hypotheses", tmp_path / "hypotheses")
+    shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
+    return Project(tmp_path)
+
+
+def test_the_report_is_the_same_bytes_for_the_same_results(project, tmp_path):
+    results = load_all_results(project)
+    assert report.render(results, None, None) == report.render(results, None, None)
+    page = report.write(project, tmp_path / "out", results, base=None)
+    assert (tmp_path / "out" / "plots").is_dir() and page.read_text().count('<tr><td><a href="#') == 17
+
+
+def browser_dom(page: Path, screenshot: Path | None = None) -> str:
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must have chromium (.ci/run installs it)")
+        pytest.skip("no chromium here: `apt-get install chromium` to run the browser test")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
+    if screenshot is not None:
+        subprocess.run(
+            [CHROMIUM, *flags, "--window-size=1280,900", f"--screenshot={screenshot}", page.as_uri()],
+            capture_output=True,
+            timeout=120,
+            check=True,
+        )
+    done = subprocess.run(
+        [CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120, check=True
+    )
+    return done.stdout
+
+
+def test_the_report_renders_its_table_and_every_image_in_a_real_browser(project, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["--root", str(project.root), "report", "--out", str(out)]) == 0
+    shot = tmp_path / "report.png"
+    dom = browser_dom(out / "index.html", shot)
+    images = re.search(r'<body data-images="ok (\d+) broken (\d+)"', dom)
+    assert images, "the page's load handler did not run"
+    ok, broken = map(int, images.groups())
+    hypotheses = len(list((project.hypotheses_dir).glob("*.yaml")))
+    assert broken == 0 and ok == 2 * hypotheses  # a thumbnail in the table and the full plot in each section
+    table = dom[dom.index('<table id="verdicts">') : dom.index("</table>")]
+    assert table.count("<tr>") == hypotheses + 1  # the header and one row per hypothesis
+    assert "no base" in dom  # no git here: the page says so instead of failing
+    assert shot.stat().st_size > 10_000  # a screenshot with something on it
