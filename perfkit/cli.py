@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import shlex
 import signal
@@ -34,10 +35,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    sub.add_parser("validate", help="check every hypothesis record; exit 2 on any error; writes nothing")
+    val = sub.add_parser("validate", help="check every hypothesis record; exit 2 on any error; writes nothing")
+    val.add_argument("--json", action="store_true", help="the records or the errors as JSON")
 
     run = sub.add_parser("run", help="execute probes, judge hypotheses, write results, plots and the ledger")
     run.add_argument("ids", nargs="*", metavar="ID", help="hypotheses to run")
+    run.add_argument("--json", action="store_true", help="progress to stderr; the run's results as JSON on stdout")
     run.add_argument("--all", action="store_true", help="run every hypothesis")
     run.add_argument("--quick", action="store_true", help="use each probe's quick parameters")
     run.add_argument("--jobs", type=int, default=1, help="probe executions at a time (default 1)")
@@ -95,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
 
     show = sub.add_parser("show", help="one hypothesis: record, evidence and history")
     show.add_argument("id")
+    show.add_argument("--json", action="store_true", help="the record, the standing result and the history as JSON")
 
     new = sub.add_parser("new", help="scaffold a working probe notebook to edit")
     new.add_argument("what", choices=["probe"])
@@ -123,9 +127,25 @@ def _delegate(name: str, rest: list[str]) -> int:
     return int(importlib.import_module(_DELEGATED[name]).main(rest) or 0)
 
 
-def _diff(project, args) -> int:
-    import json
+def _validate(project, args) -> int:
+    from perfkit.experiment.hypothesis import ValidationFailed, load_hypotheses
 
+    try:
+        hypotheses = load_hypotheses(project)
+    except ValidationFailed as exc:
+        if not args.json:
+            raise
+        errors = [{"path": e.path, "line": e.line, "field": e.field, "message": e.message} for e in exc.errors]
+        print(json.dumps({"valid": False, "errors": errors}, indent=1))
+        return 2
+    if args.json:
+        print(json.dumps({"valid": True, "hypotheses": [h.id for h in hypotheses]}, indent=1))
+    else:
+        print(f"{len(hypotheses)} hypotheses valid")
+    return 0
+
+
+def _diff(project, args) -> int:
     from perfkit.experiment import diff
 
     fail_on = diff.parse_fail_on(args.fail_on)
@@ -157,6 +177,70 @@ def _judge(project, args) -> int:
     return 1 if any(item.judgement.verdict.value == "error" for item in judged) else 0
 
 
+def _run(project, args, argv) -> int:
+    from perfkit.experiment import runner
+
+    report = runner.run(
+        project,
+        ids=args.ids,
+        all_hypotheses=args.all,
+        quick=args.quick,
+        jobs=args.jobs,
+        overrides=runner.parse_overrides(args.param),
+        timeout_s=args.timeout if args.timeout is not None else runner.DEFAULT_TIMEOUT_S,
+        force=args.force,
+        profile=args.profile,
+        replicates=args.replicates,
+        max_replicates=args.max_replicates,
+        command="perfkit " + shlex.join(argv),
+        **({"out": lambda line: print(line, file=sys.stderr)} if args.json else {}),
+    )
+    if args.json:
+        print(json.dumps(report.results.to_json() | {"exit_code": report.exit_code}, indent=1))
+    return report.exit_code
+
+
+def _ledger(project, args) -> int:
+    from perfkit.experiment import commit
+
+    if args.check:
+        problems, warnings = commit.check(project)
+        for w in warnings:
+            print(f"warning: {w}")
+        for p in problems:
+            print(p)
+        if problems:
+            return 1
+        print(f"{project.relative(project.ledger_path)} is up to date")
+        return 0
+    for run_id in commit.rewrite(project):
+        print(f"finished committing run {run_id}, which was stopped part-way")
+    print(f"wrote {project.relative(project.ledger_path)}")
+    return 0
+
+
+def _report(project, args) -> int:
+    from pathlib import Path
+
+    from perfkit.experiment import report
+    from perfkit.experiment.results import load_all_results
+
+    out = Path(args.out) if args.out else project.runs_dir / "report"
+    page = report.write(project, out, load_all_results(project), base=args.base)
+    print(f"wrote {page}")
+    return 0
+
+
+def _show(project, args) -> int:
+    from perfkit.experiment import ledger
+
+    if args.json:
+        print(json.dumps(ledger.describe_json(project, args.id), indent=1, ensure_ascii=False))
+    else:
+        sys.stdout.write(ledger.describe(project, args.id))
+    return 0
+
+
 def _main(argv: list[str]) -> int:
     delegated = _delegated(argv)
     if delegated is not None:
@@ -166,65 +250,19 @@ def _main(argv: list[str]) -> int:
 
     project = find_project(args.root)
     if args.command == "validate":
-        from perfkit.experiment.hypothesis import load_hypotheses
-
-        hypotheses = load_hypotheses(project)
-        print(f"{len(hypotheses)} hypotheses valid")
-        return 0
+        return _validate(project, args)
     if args.command == "run":
-        from perfkit.experiment import runner
-
-        report = runner.run(
-            project,
-            ids=args.ids,
-            all_hypotheses=args.all,
-            quick=args.quick,
-            jobs=args.jobs,
-            overrides=runner.parse_overrides(args.param),
-            timeout_s=args.timeout if args.timeout is not None else runner.DEFAULT_TIMEOUT_S,
-            force=args.force,
-            profile=args.profile,
-            replicates=args.replicates,
-            max_replicates=args.max_replicates,
-            command="perfkit " + shlex.join(argv),
-        )
-        return report.exit_code
+        return _run(project, args, argv)
     if args.command == "ledger":
-        from perfkit.experiment import commit
-
-        if args.check:
-            problems, warnings = commit.check(project)
-            for w in warnings:
-                print(f"warning: {w}")
-            for p in problems:
-                print(p)
-            if problems:
-                return 1
-            print(f"{project.relative(project.ledger_path)} is up to date")
-            return 0
-        for run_id in commit.rewrite(project):
-            print(f"finished committing run {run_id}, which was stopped part-way")
-        print(f"wrote {project.relative(project.ledger_path)}")
-        return 0
+        return _ledger(project, args)
     if args.command == "diff":
         return _diff(project, args)
     if args.command == "judge":
         return _judge(project, args)
     if args.command == "report":
-        from pathlib import Path
-
-        from perfkit.experiment import report
-        from perfkit.experiment.results import load_all_results
-
-        out = Path(args.out) if args.out else project.runs_dir / "report"
-        page = report.write(project, out, load_all_results(project), base=args.base)
-        print(f"wrote {page}")
-        return 0
+        return _report(project, args)
     if args.command == "show":
-        from perfkit.experiment import ledger
-
-        sys.stdout.write(ledger.describe(project, args.id))
-        return 0
+        return _show(project, args)
     if args.command == "new":
         from perfkit.experiment.scaffold import new_probe
 

@@ -514,3 +514,27 @@ def test_a_notebook_executed_by_hand_with_papermill_gets_the_runs_verdicts(first
     stored = sorted(p.name for p in project.results_dir.glob("*.json"))
     assert main(["--root", str(project.root), "judge", str(out), "--hypothesis", "fx-share"]) == 0
     assert sorted(p.name for p in project.results_dir.glob("*.json")) == stored  # never stored
+
+
+def test_run_show_and_validate_speak_json(first, monkeypatch, capsys):
+    project, _, _ = first
+    monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
+    monkeypatch.setattr(runner.fitness, "unfit", lambda trace, window=None: None)
+    root = ["--root", str(project.root)]
+    assert main([*root, "run", "fx-share", "--quick", "--replicates", "1", "--json"]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)  # only the JSON on stdout; progress went to stderr
+    assert data["hypotheses"][0]["id"] == "fx-share" and data["exit_code"] == 0 and "finished in" in captured.err
+    assert main([*root, "show", "fx-share", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["standing"]["verdict"] == "confirmed" and shown["history"]
+    assert main([*root, "validate", "--json"]) == 0
+    assert "fx-share" in json.loads(capsys.readouterr().out)["hypotheses"]
+    bad = project.hypotheses_dir / "zz-bad.yaml"
+    bad.write_text("id: zz-bad\nclaim: c\n")
+    try:
+        assert main([*root, "validate", "--json"]) == 2
+        errors = json.loads(capsys.readouterr().out)["errors"]
+        assert {"path": "hypotheses/zz-bad.yaml", "line": 1, "field": "rationale"}.items() <= errors[0].items()
+    finally:
+        bad.unlink()

@@ -322,3 +322,28 @@ def describe(project: Project, hid: str) -> str:
         )
         previous = entry.result.verdict
     return "\n".join(lines) + "\n"
+
+
+def describe_json(project: Project, hid: str) -> dict:
+    """`perfkit show ID --json`: the record's hash and path, the standing result and every measurement."""
+    hypotheses = {h.id: h for h in load_hypotheses(project)}
+    entries = history(load_all_results(project))
+    if hid not in hypotheses and hid not in entries:
+        raise UserError(f"no such hypothesis: {hid} (known: {', '.join(sorted(hypotheses)) or 'none'})")
+    h = hypotheses.get(hid)
+    runs = entries.get(hid, [])
+    return {
+        "id": hid,
+        "record": {"path": project.relative(h.path), "hash": h.hash, "claim": h.claim} if h else None,
+        "stale": bool(h and runs and standing(runs).result.hash != h.hash),
+        "standing": {"run_id": standing(runs).run_id, **standing(runs).result.to_json()} if runs else None,
+        "history": [
+            {
+                "run_id": e.run_id,
+                "how": run_words(e.run),
+                "verdict": e.result.verdict,
+                "measured": measured_text(e.result),
+            }
+            for e in runs
+        ],
+    }
