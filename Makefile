@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name perfkit --display-name "perfkit (.venv)" >/dev/null
 	# probe notebooks reach git without outputs (.gitattributes; perfkit/experiment/strip.py)
 	-git rev-parse --git-dir >/dev/null 2>&1 && git config filter.perfkit-notebook.clean "$(BIN)/python -m perfkit.experiment.strip"
+	# two branches that re-judged different hypotheses merge LEDGER.md by rendering it again
+	-git rev-parse --git-dir >/dev/null 2>&1 && git config merge.perfkit-ledger.driver "$(BIN)/python -m perfkit.experiment.merge %A %P"
 	touch $(STAMP)
 
 run: $(STAMP)  ## every shipped hypothesis in quick mode; writes runs/<id>/ and hypotheses/LEDGER.md

@@ -1,0 +1,70 @@
+"""Two pull requests that re-judged different hypotheses merge without a conflict in LEDGER.md."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from perfkit.experiment import ledger, results
+from perfkit.experiment.hypothesis import load_hypotheses
+from perfkit.experiment.results import HypothesisResult, Measured, RunResults, load_all_results
+from perfkit.paths import Project
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures" / "project"
+
+
+def git(repo, *args, check=True):
+    return subprocess.run(["git", *args], cwd=repo, check=check, capture_output=True, text=True)
+
+
+def judged(project, run_id, verdicts):
+    hs = {h.id: h for h in load_hypotheses(project)}
+    entries = [
+        HypothesisResult(
+            id=hid,
+            hash=hs[hid].hash,
+            claim=hs[hid].claim,
+            kind=hs[hid].expect.kind,
+            expected="≈ 1 ms (×2)",
+            verdict=verdict,
+            reason=None,
+            measured=Measured(label="mean", unit="ms", value=value, low=value * 0.9, high=value * 1.1),
+            off_by=None,
+        )
+        for hid, (verdict, value) in verdicts.items()
+    ]
+    results.write_results(
+        project, RunResults(run_id, "2025-01-01T00:00:00Z", "perfkit run", True, None, None, tuple(entries))
+    )
+    ledger.write(project)
+
+
+def test_two_branches_rejudging_different_hypotheses_merge_cleanly(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(FIXTURES, repo)
+    shutil.copy(ROOT / ".gitattributes", repo)
+    project = Project(repo)
+    git(repo, "init", "-q", "-b", "main")
+    for key, value in (("user.email", "t@example.com"), ("user.name", "t")):
+        git(repo, "config", key, value)
+    git(repo, "config", "merge.perfkit-ledger.driver", f"{sys.executable} -m perfkit.experiment.merge %A %P")
+    everything = {h.id: ("confirmed", 1.0) for h in load_hypotheses(project)}
+    judged(project, "20250101-000001", everything)
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "base")
+    git(repo, "checkout", "-qb", "pr-one")
+    judged(project, "20250102-000001", {"fx-share": ("refuted", 3.0)})
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "one")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "checkout", "-qb", "pr-two")
+    judged(project, "20250103-000001", {"fx-floor": ("refuted", 4.0)})
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "two")
+    merged = git(repo, "merge", "-q", "--no-edit", "pr-one", check=False)
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    text = project.ledger_path.read_text()
+    assert text == ledger.render(load_all_results(project))  # as if regenerated after the merge
+    assert "| 20250102-000001 |" in text and "| 20250103-000001 |" in text
+    assert "<<<<<<<" not in text
