@@ -198,3 +198,14 @@ def test_every_shipped_probe_imports_what_exists():
             ):
                 problems.append(f"{path.name}: perfkit.{node.attr}")
     assert problems == []
+
+
+def test_every_shipped_probe_types_its_parameters_for_papermill():
+    """`papermill --help-notebook` shows each parameter's type; `-y 'contexts: [8192]'` passes a list."""
+    import papermill
+
+    for path in sorted((PACKAGE.parent / "notebooks").glob("*.ipynb")):
+        untyped = [
+            name for name, d in papermill.inspect_notebook(str(path)).items() if d["inferred_type_name"] == "None"
+        ]
+        assert untyped == [], f"{path.name}: {untyped}"

@@ -22,10 +22,10 @@ What this probe measures, and which hypotheses read it. As generated it times `t
 
 Records `{metric}` (ms per call) at `n`."""
 
-_PARAMETERS = """n = 1_000_000  # problem size
-repeat = 20  # timed calls (samples, not one number)
-warmup = 3  # untimed calls first: caches, allocator, lazy initialisation
-threads = 1  # torch CPU threads"""
+_PARAMETERS = """n: int = 1_000_000  # problem size
+repeat: int = 20  # timed calls (samples, not one number)
+warmup: int = 3  # untimed calls first: caches, allocator, lazy initialisation
+threads: int = 1  # torch CPU threads"""
 
 _SETUP = """import matplotlib.pyplot as plt
 import torch
