@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 _PUBLIC = {
     "record": "perfkit.probe.recording",
     "record_breakdown": "perfkit.probe.recording",
+    "record_profile_lines": "perfkit.probe.recording",
     "span": "perfkit.probe.spans",
     "timed": "perfkit.probe.spans",
     "capture": "perfkit.probe.spans",

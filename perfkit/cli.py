@@ -24,6 +24,7 @@ _DELEGATED = {
     "gpu-check": "perfkit.machine.gpucheck",
     "roofline": "perfkit.machine.roofline",
     "overhead": "perfkit.machine.overhead",
+    "prof": "perfkit.probe.proflines",
 }
 
 
@@ -49,7 +50,11 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=None, metavar="S", help="wall-clock limit per probe execution (default 600 s)"
     )
     run.add_argument("--force", action="store_true", help="re-execute probes even when a cached execution exists")
-    run.add_argument("--profile", choices=["torch"], help="capture a torch.profiler trace of each probe execution")
+    run.add_argument(
+        "--profile",
+        choices=["torch", "nsys"],
+        help="torch: a torch.profiler trace of each probe execution; nsys: run each under Nsight Systems",
+    )
     run.add_argument(
         "--replicates",
         type=int,

@@ -130,7 +130,23 @@ def test_every_phase_is_a_span(tiny):
     steps = cap.steps()
     assert len(steps) == ar.steps == 5  # the first token comes from the prefill
     assert {"verify_forward", "accept", "kv_commit"} <= set(steps[0])
-    assert "draft" not in steps[0]
+    assert steps[0]["draft"] == 0.0  # the engine's declared phases are always columns; AR drafts nothing
+
+
+def test_a_torch_profiler_trace_names_every_phase(tiny, tmp_path):
+    import json
+
+    from perfkit.probe import profiler
+
+    trace = tmp_path / "trace.json"
+    profiler.start(str(trace))
+    try:
+        with capture():
+            tiny.generate(PROMPTS[:1], max_new_tokens=6, mode="spec", budget=8)
+    finally:
+        profiler.stop()
+    names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert {STEP, *PHASES} <= names  # Perfetto shows each phase by name beside the aten ops
 
 
 def test_chunked_prefill_matches_one_pass(tiny, monkeypatch):

@@ -538,3 +538,27 @@ def test_run_show_and_validate_speak_json(first, monkeypatch, capsys):
         assert {"path": "hypotheses/zz-bad.yaml", "line": 1, "field": "rationale"}.items() <= errors[0].items()
     finally:
         bad.unlink()
+
+
+def test_profile_nsys_runs_each_kernel_under_nsys_and_says_when_it_is_missing(first, tmp_path, monkeypatch, capsys):
+    import os
+    import stat
+
+    project, _, _ = first
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
+    assert main(["--root", str(project.root), "run", "fx-share", "--quick", "--profile", "nsys"]) == 2
+    assert "Nsight Systems' `nsys` is not on PATH" in capsys.readouterr().err
+    # a stand-in nsys: writes the report it was asked for, then runs the kernel command it wraps
+    fake = tmp_path / "bin" / "nsys"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/usr/bin/env python3\nimport os, sys\nargs = sys.argv[2:]\nwhile args[0].startswith('--'):\n"
+        "    if args[0].startswith('--output='):\n        open(args[0][9:] + '.nsys-rep', 'w').write('report')\n"
+        "    args = args[1:]\nos.execv(args[0], args)\n"
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}/usr/bin:/bin")
+    report, _ = rerun(project, ids=["fx-share"], profile="nsys")
+    assert verdicts(report)["fx-share"][0] == "confirmed" and report.executed == 1
+    assert list((project.runs_dir / report.run_id).glob("executions/*/r0/nsys.nsys-rep"))

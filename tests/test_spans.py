@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from perfkit.phases import STEP, UNATTRIBUTED
+from perfkit.phases import PHASES, STEP, UNATTRIBUTED
 from perfkit.probe import spans
 
 
@@ -29,12 +29,16 @@ def test_disabled_span_and_timed_cost_nothing(log):
     def f():
         return 42
 
-    assert spans.timed("f")(f) is f
+    wrapped = spans.timed("f")(f)
+    assert wrapped() == 42 and wrapped.__wrapped__ is f
     assert spans.span("a") is spans.span("b")  # one shared do-nothing object
     with spans.span("a"):
         pass
     assert spans.stats() == {}
     assert log.getvalue() == ""
+    with spans.capture() as cap:  # decorated while off, yet timed inside a capture
+        wrapped()
+    assert len(cap.samples("f")) == 1
 
 
 def test_enabled_timed_aggregates_and_logs_every_n(log):
@@ -44,8 +48,8 @@ def test_enabled_timed_aggregates_and_logs_every_n(log):
     g = spans.timed("g")(lambda: calls.append(1))
     for _ in range(9):
         g()
-    lines = [line for line in log.getvalue().splitlines() if line.startswith("[perfkit-prof] g:")]
-    assert [line.split()[2] for line in lines] == ["n=4", "n=8"]
+    lines = [line for line in log.getvalue().splitlines() if " g: " in line and line.startswith("[perfkit-prof pid=")]
+    assert [line.split("] g: ")[1].split()[0] for line in lines] == ["n=4", "n=8"]
     st = spans.stats()["g"]
     assert st.n == 9 and len(calls) == 9
     assert st.total == pytest.approx(st.mean * 9)
@@ -60,7 +64,7 @@ def test_fewer_calls_than_interval_still_print_on_flush(log):
     assert log.getvalue() == ""  # below the interval: nothing yet
     spans.flush()
     line = log.getvalue().strip()
-    assert line.startswith("[perfkit-prof] prepare_for_verify: n=3 mean=")
+    assert line.startswith("[perfkit-prof pid=") and "] prepare_for_verify: n=3 mean=" in line
     assert "last=" in line and "p99=" in line
 
 
@@ -74,7 +78,7 @@ def test_env_profile_prints_summary_at_exit():
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    assert "[perfkit-prof] once: n=2 " in out.stderr
+    assert "] once: n=2 " in out.stderr and "[perfkit-prof pid=" in out.stderr
 
 
 def test_capture_groups_phases_by_step_with_unattributed(log):
@@ -93,12 +97,37 @@ def test_capture_groups_phases_by_step_with_unattributed(log):
     steps = cap.steps()
     assert len(steps) == 2
     for row in steps:
-        assert list(row) == [STEP, "draft", "verify_forward", UNATTRIBUTED]
+        assert list(row) == [STEP, *PHASES, UNATTRIBUTED]  # the engine's declared phases, absent ones 0
+        assert row["tree_build"] == 0.0
         assert row["verify_forward"] >= 0.002
         assert row[UNATTRIBUTED] >= 0.003
         assert row[STEP] == pytest.approx(row["draft"] + row["verify_forward"] + row[UNATTRIBUTED])
     assert len(cap.samples("verify_forward")) == 4
     assert len(cap.samples("outside")) == 1
+
+
+def test_any_engines_spans_inside_a_step_are_its_phases_and_nested_ones_stay_in_their_parent(log):
+    with spans.capture() as cap:
+        for _ in range(3):
+            with spans.span(STEP):
+                with spans.span("schedule"):
+                    with spans.span("pick_batch"):  # nested: part of schedule, not a phase of its own
+                        time.sleep(0.001)
+                with spans.span("forward"):
+                    time.sleep(0.002)
+    steps = cap.steps()
+    assert [list(row) for row in steps] == [[STEP, "schedule", "forward", UNATTRIBUTED]] * 3
+    for row in steps:
+        assert row["schedule"] >= 0.001 and row["forward"] >= 0.002
+        assert row[STEP] == pytest.approx(row["schedule"] + row["forward"] + row[UNATTRIBUTED])
+    assert len(cap.samples("pick_batch")) == 3
+    with spans.capture(phases=("forward", "schedule")) as ordered:
+        with spans.span(STEP):
+            with spans.span("schedule"):
+                pass
+            with spans.span("forward"):
+                pass
+    assert list(ordered.steps()[0]) == [STEP, "forward", "schedule", UNATTRIBUTED]  # the declared order
 
 
 def test_absent_phase_reads_zero_in_steps_where_it_did_not_run(log):
@@ -210,4 +239,4 @@ def test_capture_alone_collects_quietly_until_flush(log):
     assert len(cap.samples("draft")) == 5
     assert log.getvalue() == ""  # no periodic lines: profiling was not switched on
     spans.flush()
-    assert "[perfkit-prof] draft: n=5 " in log.getvalue()
+    assert "] draft: n=5 " in log.getvalue()

@@ -178,3 +178,28 @@ def test_replicates_to_decide_forecasts_from_the_spread():
     assert stats.replicates_to_decide(est, 1.1) is None  # on the edge: no number of replicates decides it
     one = stats.Estimate(value=1.1, low=0.9, high=1.3, replicates=1, units=10, n=100, spread=0.1)
     assert stats.replicates_to_decide(one, 1.0) == 3  # from one process: its batch spread / sqrt(batches)
+
+
+@pytest.mark.parametrize(
+    "name, draw",
+    [
+        ("lognormal", lambda rng, n: rng.lognormal(-9.0, 1.0, n)),  # span durations around 100 us
+        ("pareto tail", lambda rng, n: 1e-6 * (1 + rng.pareto(1.5, n))),  # heavy tail
+        ("two modes", lambda rng, n: np.where(rng.random(n) < 0.9, 1e-5, 5e-3) * rng.uniform(0.9, 1.1, n)),
+        ("with zeros", lambda rng, n: np.where(rng.random(n) < 0.05, 0.0, rng.exponential(1e-4, n))),
+    ],
+)
+def test_the_quantile_sketch_stays_within_its_relative_error_in_bounded_memory(name, draw):
+    rng = np.random.default_rng(7)
+    values = draw(rng, 200_000)
+    sketch = stats.QuantileSketch(alpha=0.01)
+    for v in values:
+        sketch.add(float(v))
+    ordered = np.sort(values)
+    for q in (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 0.999, 1.0):
+        exact = ordered[round(q * (len(ordered) - 1))]  # nearest rank
+        got = sketch.quantile(q)
+        assert abs(got - exact) <= 0.01 * exact + 1e-300, (name, q, got, exact)
+    assert sketch.n == len(values) and sketch.total == pytest.approx(values.sum())
+    assert sketch.last == values[-1]
+    assert len(sketch.buckets) < 2_000  # memory: one counter per occupied log bucket, not per value

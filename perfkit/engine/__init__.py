@@ -21,7 +21,7 @@ verify_forward, accept and kv_commit). `context=N` makes every cached prefix N t
 `fill="approx"` fills long prefixes in seconds (cache size and attention cost real, contents
 approximate; the result says which fill was used). Greedy speculative output is token-identical to
 greedy autoregressive output. With `PERFKIT_PROFILE=1` every phase also logs
-`[perfkit-prof] <phase>: n=50 mean=... last=...` lines and a summary at exit.
+`[perfkit-prof pid=N] <phase>: n=50 mean=... last=...` lines and a summary at exit.
 
 Pieces: `model` (target, ModelConfig, KVCache), `drafter` (block drafter, DrafterConfig),
 `decode` (Engine, GenerateResult, the step loop), `checkpoints` (weights format, presets,

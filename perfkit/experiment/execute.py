@@ -29,16 +29,36 @@ _live: set[subprocess.Popen] = set()  # executions in flight, so an interrupted 
 _live_lock = threading.Lock()
 
 
-def ensure_kernelspec(directory: Path) -> Path:
+def nsys() -> str | None:
+    """Nsight Systems' command-line tool, when it is on PATH."""
+    import shutil
+
+    return shutil.which("nsys")
+
+
+def nsys_prefix(report: Path) -> list[str]:
+    """The command that runs a kernel under Nsight Systems, writing `report`.nsys-rep."""
+    return [
+        nsys() or "nsys",
+        "profile",
+        "--trace=cuda,nvtx,osrt",
+        "--sample=none",
+        "--force-overwrite=true",
+        f"--output={report}",
+    ]
+
+
+def ensure_kernelspec(directory: Path, *, prefix: list[str] | None = None) -> Path:
     """A `perfkit` kernelspec for this interpreter under directory/kernels; put directory on JUPYTER_PATH.
 
     The runner never relies on a kernel someone registered by hand: whatever interpreter runs
-    perfkit also runs the probes.
+    perfkit also runs the probes. `prefix` runs the kernel under another command (`nsys profile`).
     """
     spec_dir = Path(directory) / "kernels" / KERNEL_NAME
     spec = {
         # no IPython history database: every executed cell would land in ~/.ipython, outside the project
         "argv": [
+            *(prefix or []),
             sys.executable,
             "-m",
             "ipykernel_launcher",

@@ -53,7 +53,7 @@ from perfkit.paths import Project
 
 __all__ = ["DEFAULT_TIMEOUT_S", "INJECTED_TAG", "PROFILERS", "RunOptions", "RunReport", "parse_overrides", "run"]
 
-PROFILERS = ("torch",)
+PROFILERS = ("torch", "nsys")
 INJECTED_TAG = "perfkit-injected"
 DEFAULT_TIMEOUT_S = 600.0
 #: independent kernel processes per execution when neither the command nor the record says
@@ -106,6 +106,11 @@ class RunOptions:
             raise UserError(f"--timeout must be positive, got {self.timeout_s}")
         if self.profile is not None and self.profile not in PROFILERS:
             raise UserError(f"--profile: expected one of {', '.join(PROFILERS)}, got {self.profile!r}")
+        if self.profile == "nsys" and executor.nsys() is None:
+            raise UserError(
+                "--profile nsys: Nsight Systems' `nsys` is not on PATH; install NVIDIA Nsight Systems "
+                "(or use --profile torch, which needs nothing more)"
+            )
 
 
 @dataclass(frozen=True)
@@ -366,6 +371,8 @@ def _execute_one(
         trace = exec_dir / "torch_trace.json"
         env["PERFKIT_TORCH_PROFILE"] = str(trace)
         notebook = _profiled_notebook(notebook, exec_dir / "input.ipynb", str(trace))
+    if options.profile == "nsys":  # the kernel itself runs under Nsight Systems: a report per execution
+        kernel_dir = executor.ensure_kernelspec(exec_dir / "jupyter", prefix=executor.nsys_prefix(exec_dir / "nsys"))
     sampler = utilization.Sampler(interval_s=0.25)
     label = f"{planned.label()} [replicate {planned.replicate}]"
     say(f"{tag} start    {label}  ({threads_text} threads)")

@@ -1,9 +1,11 @@
 """`perfkit overhead`: what instrumentation costs per call, measured side by side in one run.
 
-Prints, for a trivial function: the bare call, the function decorated with `@timed` while profiling
-is off (the function itself, by construction), `@timed` while profiling is on, and a `with span()`
-block on and off, each as nanoseconds per call with a 95% interval and the difference to the bare
-call. A profiler that moves the number it measures is worse than none; this says by how much.
+Prints, for a trivial function: the bare call, `@timed` off and on, a `with span()` block off and
+on, the same span after 10^3 and after 10^6 earlier calls of its name (a span's cost must not
+grow with its history), with its periodic log line on, and beside them torch.profiler's
+`record_function` and, on CUDA, an NVTX range; each as nanoseconds per call with a 95% interval
+and the difference to the bare call. A profiler that moves the number it measures is worse than
+none; this says by how much.
 """
 
 from __future__ import annotations
@@ -19,8 +21,43 @@ def _work(x: int = 1) -> int:
     return x + 1
 
 
-def measure(*, calls: int = 20_000, repeat: int = 15) -> list[tuple[str, list[float]]]:
-    """(label, nanoseconds per call samples) for each variant, interleaved round by round."""
+class _Discard:
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _others() -> list[tuple[str, object]]:
+    """torch's own annotations, for comparison: record_function, and an NVTX range on CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return []
+    out = []
+
+    def record_function():
+        with torch.autograd.profiler.record_function("overhead.rf"):
+            _work()
+
+    out.append(("torch record_function (no profiler)", record_function))
+    if torch.cuda.is_available():
+
+        def nvtx():
+            torch.cuda.nvtx.range_push("overhead.nvtx")
+            _work()
+            torch.cuda.nvtx.range_pop()
+
+        out.append(("torch NVTX range", nvtx))
+    return out
+
+
+def measure(*, calls: int = 20_000, repeat: int = 15, history: int = 10**6) -> list[tuple[str, list[float]]]:
+    """(label, nanoseconds per call samples) for each variant, interleaved round by round.
+
+    `history`: earlier calls of the long-lived span's name before it is measured (10^6 by default).
+    """
     was = spans.enabled()
     spans.set_enabled(False)
     off = spans.timed("overhead.timed")(_work)
@@ -33,6 +70,29 @@ def measure(*, calls: int = 20_000, repeat: int = 15) -> list[tuple[str, list[fl
     def span_block():
         with spans.span("overhead.span"):
             _work()
+
+    def named(name):
+        def block():
+            with spans.span(name):
+                _work()
+
+        return block
+
+    spans.set_enabled(True)
+    for name, earlier in (("overhead.after_1e3", 1_000), ("overhead.after_history", history)):
+        for _ in range(earlier):  # the history a long-running engine builds up
+            with spans.span(name):
+                pass
+    spans.set_enabled(False)
+    stream = spans._stream
+    logged = named("overhead.logged")
+
+    def with_log_line():  # the same span with its line every 50 calls, written to nowhere
+        spans.set_log_every(50, stream=_Discard())
+        try:
+            logged()
+        finally:
+            spans.set_log_every(10**12, stream=stream)
 
     def enabled(fn):
         def run():
@@ -50,12 +110,16 @@ def measure(*, calls: int = 20_000, repeat: int = 15) -> list[tuple[str, list[fl
         ("@timed, profiling on", on),
         ("with span(), profiling off", span_block),
         ("with span(), profiling on", span_block),
+        ("span on, after 10^3 calls", named("overhead.after_1e3")),
+        (f"span on, after {history:.0e} calls".replace("e+0", "e"), named("overhead.after_history")),
+        ("span on, log line every 50", with_log_line),
+        *_others(),
     ]
     samples: dict[str, list[float]] = {label: [] for label, _ in variants}
     try:
         for _ in range(repeat):  # interleave so that drift on a busy machine hits every variant
             for label, fn in variants:
-                if label.endswith("profiling on"):
+                if label.endswith("profiling on") or label.startswith("span on"):
                     spans.set_enabled(True)
                 try:
                     (s,) = bench(fn, warmup=1, repeat=1, inner=calls, sync="none")
@@ -71,11 +135,11 @@ def measure(*, calls: int = 20_000, repeat: int = 15) -> list[tuple[str, list[fl
 
 def report(rows: list[tuple[str, list[float]]]) -> str:
     base = stats.mean_interval(rows[0][1])
-    lines = [f"{'variant':<28} {'ns/call':>9} {'95% interval':>17} {'vs bare':>9}"]
+    lines = [f"{'variant':<36} {'ns/call':>9} {'95% interval':>17} {'vs bare':>9}"]
     for label, values in rows:
         est = stats.mean_interval(values)
         lines.append(
-            f"{label:<28} {est.value:>9.1f} [{est.low:>6.1f}, {est.high:>6.1f}] {est.value - base.value:>+8.1f}"
+            f"{label:<36} {est.value:>9.1f} [{est.low:>6.1f}, {est.high:>6.1f}] {est.value - base.value:>+8.1f}"
         )
     return "\n".join(lines)
 
@@ -84,6 +148,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="perfkit overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20_000, help="calls per sample (default 20000)")
     parser.add_argument("--repeat", type=int, default=15, help="samples per variant (default 15)")
+    parser.add_argument(
+        "--history", type=int, default=10**6, help="earlier calls of the long-lived span (default 10^6)"
+    )
     args = parser.parse_args(argv)
-    print(report(measure(calls=args.calls, repeat=args.repeat)))
+    print(report(measure(calls=args.calls, repeat=args.repeat, history=args.history)))
     return 0

@@ -17,7 +17,7 @@ from typing import Any
 
 from perfkit import units
 from perfkit.errors import UserError
-from perfkit.phases import BREAKDOWN, PHASES, STEP, UNATTRIBUTED
+from perfkit.phases import PHASES, STEP, UNATTRIBUTED
 from perfkit.samples import FORMAT_VERSION, MAX_SAMPLES, MIMETYPE, decode_samples, encode_samples
 
 
@@ -117,7 +117,7 @@ def breakdown_summary(records: list[dict[str, Any]]) -> str:
     ]
     total = sum(step)
     unit = records[0]["unit"]
-    for name in BREAKDOWN:
+    for name in [r["name"] for r in records if r["name"] != STEP]:
         values = by_name.get(name, [])
         mean = sum(values) / len(values) if values else math.nan
         share = sum(values) / total if total else math.nan
@@ -147,8 +147,10 @@ def record_breakdown(steps: Any, *, unit: str = "ms", at: dict[str, Any] | None 
     """Record a decode-step breakdown: the step, every phase and the unattributed remainder.
 
     `steps` is `perfkit.probe.spans.capture()`'s `cap.steps()` (one dict of seconds per step) or the
-    capture itself. Samples of all metrics are paired by step index, so a share (phase / step) is
-    computed per step. Unattributed time is recorded as its own metric, never given to a phase.
+    capture itself. The phases are whatever names the steps hold (any engine's: `schedule`,
+    `forward`, ...), the bundled engine's PHASES first in their order, then the others as first
+    seen. Samples of all metrics are paired by step index, so a share (phase / step) is computed
+    per step. Unattributed time is recorded as its own metric, never given to a phase.
     """
     if hasattr(steps, "steps") and callable(steps.steps):
         steps = steps.steps()
@@ -157,16 +159,44 @@ def record_breakdown(steps: Any, *, unit: str = "ms", at: dict[str, Any] | None 
     if units.dimension(unit) != "time":
         raise UserError(f"record_breakdown: unit must be a time unit, got {unit!r}")
     scale = units.factor("s", unit)
-    columns: dict[str, list[float]] = {name: [] for name in (STEP,) + BREAKDOWN}
+    named = dict.fromkeys(k for step in steps for k in step if k not in (STEP, UNATTRIBUTED))
+    order = [p for p in PHASES if p in named] + [p for p in named if p not in PHASES]
+    if not named:
+        order = list(PHASES)  # no phase ran: every phase is 0, the step is all unattributed
+    columns: dict[str, list[float]] = {name: [] for name in (STEP, *order, UNATTRIBUTED)}
     for i, step in enumerate(steps):
         if STEP not in step:
             raise UserError(f"record_breakdown: step {i} has no {STEP!r} time: {sorted(step)}")
         total = float(step[STEP])
-        phases = {p: float(step.get(p, 0.0)) for p in PHASES}
+        phases = {p: float(step.get(p, 0.0)) for p in order}
         rest = float(step[UNATTRIBUTED]) if UNATTRIBUTED in step else total - sum(phases.values())
         columns[STEP].append(total * scale)
-        for p in PHASES:
+        for p in order:
             columns[p].append(phases[p] * scale)
         columns[UNATTRIBUTED].append(rest * scale)
     records = [make_record(name, values, unit=unit, at=at, breakdown=STEP) for name, values in columns.items()]
     _emit(records, breakdown_summary(records))
+
+
+def record_profile_lines(text: str, *, names: list[str] | None = None, at: dict[str, Any] | None = None) -> list[str]:
+    """Record what `[perfkit-prof]` lines in `text` say (a service's workers' logs): the names recorded.
+
+    For each span name (or those in `names`), one sample per process: that process's mean
+    duration in ms, from its latest line. A probe that drives a remote engine can so judge what the
+    engine's own workers measured; the note says how many processes and calls it rests on.
+    """
+    from perfkit.probe import proflines
+
+    by_name = proflines.latest(proflines.parse(text))
+    wanted = [n for n in by_name if names is None or n in names]
+    missing = sorted(set(names or []) - set(by_name))
+    if missing:
+        raise UserError(f"record_profile_lines: no profile lines for {', '.join(missing)}")
+    for name in wanted:
+        rows = by_name[name]
+        calls = sum(r.n for r in rows)
+        note = f"means of {len(rows)} processes' profile lines ({calls} calls); slowest {rows[0].process}"
+        record(
+            name, [r.mean for r in sorted(rows, key=lambda r: (r.rank or 0, r.pid or 0))], unit="ms", at=at, note=note
+        )
+    return wanted

@@ -7,7 +7,12 @@ Profiling is on when `PERFKIT_PROFILE=1` (read once, at import), after `set_enab
 inside `capture()`. When off, `span` returns one shared do-nothing context manager and
 `timed` returns the function itself, so instrumented code pays a global lookup and nothing else.
 
-When on, every name keeps an aggregate (n, mean, p50, p99, last, total). While profiling is on
+When on, every name keeps an aggregate (n, mean, p50, p99, last, total) in constant time and
+bounded memory per call: count, total and last are exact, the quantiles come from a streaming
+sketch within 1% of the exact ones (`perfkit.stats.QuantileSketch`), so a span costs the same at
+the millionth call as at the first. Every line names the process (`pid=`) and, under
+torch.distributed (or with RANK set), its `rank=`, so logs of many workers can be merged
+(`perfkit prof`, `perfkit.record_profile_lines`). While profiling is on
 (not merely inside `capture()`, which collects quietly), a line is logged every `log_every`
 calls (`PERFKIT_PROFILE_EVERY`, default 50) *and* a summary of every name is
 printed by `flush()` and at interpreter exit, so a function called fewer than `log_every` times
@@ -17,7 +22,13 @@ looks exactly like a broken one.
 On CUDA (when torch has initialised CUDA), a span records a pair of CUDA events instead of reading
 the host clock, and the events are resolved later (at a log line only those already complete, at
 `flush()` or at the end of `capture()` all of them), so there is no device synchronisation per
-call. Each span is also an NVTX range, so `nsys profile` shows the phases by name.
+call. Each span is also an NVTX range, so `nsys profile` shows the phases by name. While a
+torch.profiler session runs, each span is also a `record_function` annotation, so the trace
+(Perfetto, chrome://tracing) shows every phase by name beside the aten ops; when no profiler runs
+that costs one check.
+
+A step's phases are the spans that run directly inside a `step` span, whatever their names
+(`capture().steps()`); the bundled engine's PHASES only fix the order they are shown in.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ import time
 from dataclasses import dataclass
 
 from perfkit.phases import PHASES, STEP, UNATTRIBUTED
+from perfkit.stats import QuantileSketch
 
 __all__ = [
     "span",
@@ -44,7 +56,7 @@ __all__ = [
     "SpanStats",
 ]
 
-_PREFIX = "[perfkit-prof]"
+_PREFIX = "[perfkit-prof"  # a line: "[perfkit-prof pid=12 rank=0] name: n=... mean=..." (rank only when known)
 
 _enabled_by_env = os.environ.get("PERFKIT_PROFILE", "").strip().lower() in ("1", "true", "yes", "on")
 _forced = False  # set_enabled(True)
@@ -87,7 +99,7 @@ def set_log_every(n: int, *, stream=None) -> None:
 
 @dataclass(frozen=True)
 class SpanStats:
-    """Aggregate of one span name, durations in seconds."""
+    """Aggregate of one span name, durations in seconds (p50 and p99 within 1% of the exact ones)."""
 
     name: str
     n: int
@@ -99,9 +111,27 @@ class SpanStats:
 
     def line(self) -> str:
         return (
-            f"{_PREFIX} {self.name}: n={self.n} mean={_fmt(self.mean)} p50={_fmt(self.p50)} "
+            f"{_who()} {self.name}: n={self.n} mean={_fmt(self.mean)} p50={_fmt(self.p50)} "
             f"p99={_fmt(self.p99)} last={_fmt(self.last)} total={_fmt(self.total)}"
         )
+
+
+def rank() -> int | None:
+    """This process's rank: torch.distributed's when it is initialised, else $RANK, else None."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:  # a half-initialised process group: fall back to the environment
+        pass
+    value = os.environ.get("RANK", "")
+    return int(value) if value.isdigit() else None
+
+
+def _who() -> str:
+    r = rank()
+    return f"{_PREFIX} pid={os.getpid()}" + (f" rank={r}]" if r is not None else "]")
 
 
 def _fmt(seconds: float) -> str:
@@ -113,40 +143,23 @@ def _fmt(seconds: float) -> str:
     return f"{ms:.3f}ms"
 
 
-def _quantile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolation quantile of already sorted values."""
-    if len(sorted_values) == 1:
-        return sorted_values[0]
-    pos = q * (len(sorted_values) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
 class _Series:
-    """Every resolved duration of one name, plus events still waiting on the device."""
+    """The aggregate of one name (constant size), plus CUDA events still waiting on the device."""
 
-    __slots__ = ("durations", "pending", "calls", "logged_at")
+    __slots__ = ("sketch", "pending", "calls", "logged_at")
 
     def __init__(self) -> None:
-        self.durations: list[float] = []
+        self.sketch = QuantileSketch()
         self.pending: list[tuple] = []  # (start_event, end_event, sinks)
         self.calls = 0
         self.logged_at = 0
 
     def stats(self, name: str) -> SpanStats | None:
-        if not self.durations:
+        k = self.sketch
+        if not k.n:
             return None
-        ordered = sorted(self.durations)
-        total = sum(ordered)
         return SpanStats(
-            name=name,
-            n=len(ordered),
-            mean=total / len(ordered),
-            p50=_quantile(ordered, 0.5),
-            p99=_quantile(ordered, 0.99),
-            last=self.durations[-1],
-            total=total,
+            name=name, n=k.n, mean=k.mean, p50=k.quantile(0.5), p99=k.quantile(0.99), last=k.last, total=k.total
         )
 
 
@@ -169,7 +182,7 @@ def _resolve(series: _Series, *, wait: bool) -> None:
             continue
         end.synchronize()
         seconds = start.elapsed_time(end) / 1e3
-        series.durations.append(seconds)
+        series.sketch.add(seconds)
         for sink in sinks:
             sink.set(seconds)
     series.pending = still
@@ -262,15 +275,35 @@ class _Slot:
         self.record[self.key] = self.record.get(self.key, 0.0) + seconds
 
 
+_profiler_check: tuple = (None, None)  # (the torch module, its profiler-enabled check), found once
+
+
+def _profiler_on() -> bool:
+    """Whether a torch.profiler (or autograd profiler) session is recording: one C call, or False."""
+    global _profiler_check
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    if _profiler_check[0] is not torch:
+        autograd = getattr(getattr(torch, "_C", None), "_autograd", None)
+        # a torch without the check: never annotate, never crash
+        _profiler_check = (torch, getattr(autograd, "_profiler_enabled", None) or (lambda: False))
+    return _profiler_check[1]()
+
+
 class _Span:
-    __slots__ = ("name", "t0", "cuda", "start_event", "sinks")
+    __slots__ = ("name", "t0", "cuda", "start_event", "sinks", "annotation")
 
     def __init__(self, name: str):
         self.name = name
         self.cuda = _cuda()
+        self.annotation = None
 
     def __enter__(self):
-        self.sinks = [c._open(self.name) for c in _captures]
+        self.sinks = [c._open(self.name) for c in _captures] if _captures else ()
+        if _profiler_on():
+            self.annotation = sys.modules["torch"].autograd.profiler.record_function(self.name)
+            self.annotation.__enter__()
         if self.cuda is not None:
             self.cuda.nvtx.range_push(self.name)
             self.start_event = self.cuda.Event(enable_timing=True)
@@ -280,7 +313,9 @@ class _Span:
         return self
 
     def __exit__(self, *exc):
-        series = _series_for(self.name)
+        if self.cuda is None:
+            seconds = time.perf_counter() - self.t0
+        series = _series.get(self.name) or _series_for(self.name)
         series.calls += 1
         if self.cuda is not None:
             end = self.cuda.Event(enable_timing=True)
@@ -288,13 +323,15 @@ class _Span:
             self.cuda.nvtx.range_pop()
             series.pending.append((self.start_event, end, [s for s in self.sinks if s is not None]))
         else:
-            seconds = time.perf_counter() - self.t0
-            series.durations.append(seconds)
+            series.sketch.add(seconds)
             for sink in self.sinks:
                 if sink is not None:
                     sink.set(seconds)
-        for c in _captures:
-            c._close(self.name)
+        if self.annotation is not None:
+            self.annotation.__exit__(None, None, None)
+        if _captures:
+            for c in _captures:
+                c._close(self.name)
         if (_enabled_by_env or _forced) and series.calls - series.logged_at >= _log_every:
             series.logged_at = series.calls
             if series.pending:
@@ -313,14 +350,19 @@ def span(name: str):
 
 
 def timed(name: str | None = None):
-    """Decorator form of `span`. When profiling is off at decoration time, returns `fn`."""
+    """Decorator form of `span`: the call is timed whenever profiling is on at call time.
+
+    Off (no PERFKIT_PROFILE, no set_enabled, no capture running), the wrapper calls `fn` straight
+    away, at the cost of one extra call and one check; so a function decorated while profiling was
+    off is still timed inside a later `capture()`.
+    """
 
     def decorate(fn):
-        if not _active:
-            return fn
         label = name or fn.__qualname__
 
         def wrapper(*args, **kwargs):
+            if not _active:
+                return fn(*args, **kwargs)
             with _Span(label):
                 return fn(*args, **kwargs)
 
@@ -340,30 +382,37 @@ class Capture:
     """Every span that ran inside a `capture()` block, with decode steps grouped.
 
     `samples(name)` gives one duration per occurrence; `steps()` one dict per `step` span with
-    the step's duration, the time of each phase inside it and the unattributed remainder.
+    the step's duration, the time of each span that ran directly inside it (by name, whatever the
+    name: a nested span's time is part of its parent's) and the unattributed remainder.
+    `phases` declares the order names are shown in (default: the bundled engine's PHASES); names
+    not declared follow, in the order first seen.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, phases: tuple[str, ...] | list[str] | None = None) -> None:
+        self.phases = tuple(PHASES if phases is None else phases)
         self._occurrences: dict[str, list[dict]] = {}
         self._steps: list[dict] = []
-        self._step_depth = 0
+        self._stack: list[str] = []  # names of the spans open inside this capture, innermost last
+        self._seen: dict[str, None] = {}  # direct children of a step, in the order first seen
 
     # called by spans while the capture is active
     def _open(self, name: str):
         record: dict = {}
         self._occurrences.setdefault(name, []).append(record)
-        if name == STEP:
-            self._step_depth += 1
-            if self._step_depth == 1:
-                self._steps.append({"__step__": record})
+        parent = self._stack[-1] if self._stack else None
+        depth = self._stack.count(STEP)
+        self._stack.append(name)
+        if name == STEP and depth == 0:
+            self._steps.append({"__step__": record})
             return _Slot(record, "seconds")
-        if self._step_depth and name in PHASES:
+        if parent == STEP and depth == 1 and name not in (STEP, UNATTRIBUTED):
+            self._seen.setdefault(name, None)
             return _Multi(_Slot(record, "seconds"), _Slot(self._steps[-1], name))
         return _Slot(record, "seconds")
 
     def _close(self, name: str) -> None:
-        if name == STEP:
-            self._step_depth -= 1
+        if self._stack and self._stack[-1] == name:
+            self._stack.pop()
 
     def _finish(self) -> None:
         for series in _series.values():
@@ -377,9 +426,18 @@ class Capture:
         """Seconds, one per occurrence of `name` in the block."""
         return [r["seconds"] for r in self._occurrences.get(name, []) if "seconds" in r]
 
+    def phase_names(self) -> list[str]:
+        """A step's phases: every declared one (when any ran) in their order, then the others as first seen.
+
+        A declared phase that did not run in a step reads 0 there, so an engine's breakdown always has
+        the same columns; names of another engine's spans are phases as soon as they run in a step.
+        """
+        declared = list(self.phases) if any(p in self._seen for p in self.phases) else []
+        return declared + [p for p in self._seen if p not in self.phases]
+
     def steps(self) -> list[dict[str, float]]:
         """One dict per step: `step`, each phase seen in any step (0.0 where absent), `unattributed`."""
-        seen = [p for p in PHASES if any(p in s for s in self._steps)]
+        seen = self.phase_names()
         out = []
         for s in self._steps:
             total = s["__step__"].get("seconds")
@@ -405,10 +463,16 @@ class _Multi:
 
 
 class capture:  # noqa: N801 - used as a context manager, reads like a function
-    """Record every span inside the block, whatever `PERFKIT_PROFILE` says."""
+    """Record every span inside the block, whatever `PERFKIT_PROFILE` says.
+
+    `capture(phases=("schedule", "forward"))` declares the order a step's phases are shown in.
+    """
+
+    def __init__(self, phases: tuple[str, ...] | list[str] | None = None) -> None:
+        self._phases = phases
 
     def __enter__(self) -> Capture:
-        self._cap = Capture()
+        self._cap = Capture(self._phases)
         _captures.append(self._cap)
         _refresh()
         return self._cap

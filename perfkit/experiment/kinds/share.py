@@ -107,12 +107,12 @@ class Share(Expect):
             part_mean = stats.mean_estimate(part.replicates).value
             whole_mean = stats.mean_estimate(whole.replicates).value * units.factor(whole.unit, part.unit)
             return [(part.name, part_mean), (f"rest of {whole.name}", max(whole_mean - part_mean, 0.0))]
-        same = {p.name: p for p in points if p.at == part.at and p.breakdown == part.breakdown}
+        same = [p for p in points if p.at == part.at and p.breakdown == part.breakdown and p.name != part.breakdown]
         out = []
-        for name in BREAKDOWN:
-            if name in same and same[name].samples():
-                mean = stats.mean_estimate(same[name].replicates).value
-                out.append((name, mean * units.factor(same[name].unit, part.unit)))
+        for point in same:  # in the order the probe recorded them: the phases, then unattributed
+            if point.samples():
+                mean = stats.mean_estimate(point.replicates).value
+                out.append((point.name, mean * units.factor(point.unit, part.unit)))
         return out
 
     def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
