@@ -296,7 +296,7 @@ class _Span:
 
     def __init__(self, name: str):
         self.name = name
-        self.cuda = _cuda()
+        self.cuda = None if _cuda_available is False else _cuda()  # a machine without CUDA asks once
         self.annotation = None
 
     def __enter__(self):
