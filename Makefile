@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet torch==2.13.0 --index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install --quiet -e '.[test,lab]'
+	$(BIN)/python -m pip install --quiet -e '.[test,lab,cluster]'
 	$(BIN)/python -m ipykernel install --sys-prefix --name perfkit --display-name "perfkit (.venv)" >/dev/null
 	# probe notebooks reach git without outputs (.gitattributes; perfkit/experiment/strip.py)
 	-git rev-parse --git-dir >/dev/null 2>&1 && git config filter.perfkit-notebook.clean "$(BIN)/python -m perfkit.experiment.strip"

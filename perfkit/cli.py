@@ -51,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--force", action="store_true", help="re-execute probes even when a cached execution exists")
     run.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="run the probe executions on a Dask cluster: a scheduler address, or local:N for N local workers "
+        "(default: [tool.perfkit] cluster in pyproject.toml, else this machine)",
+    )
+    run.add_argument(
         "--profile",
         choices=["torch", "nsys"],
         help="torch: a torch.profiler trace of each probe execution; nsys: run each under Nsight Systems",
@@ -197,6 +203,7 @@ def _run(project, args, argv) -> int:
         profile=args.profile,
         replicates=args.replicates,
         max_replicates=args.max_replicates,
+        cluster=args.cluster,
         command="perfkit " + shlex.join(argv),
         **({"out": lambda line: print(line, file=sys.stderr)} if args.json else {}),
     )

@@ -160,6 +160,7 @@ class _FakeCuda:
 def test_nvtx_check_counts_the_ranges_spans_emit_on_cuda(monkeypatch):
     fake = _FakeCuda()
     monkeypatch.setattr(spans, "_cuda", lambda: fake)
+    monkeypatch.setattr(spans, "_cuda_available", True)  # a CUDA machine: spans ask for the device
     result = gpucheck.nvtx_check(fake, work=lambda: None)
     assert fake.initialised
     assert result["ok"] and result["pushed"] == ["draft", "tree_build"] and result["popped"] == 2

@@ -205,6 +205,7 @@ def execute(
                 "params": {**planned.params, **(extra or {})},
                 "cwd": str(cwd),
                 "outcome": str(outcome_path),
+                "parent": os.getpid(),  # the child stops when this process is gone, even before it looked
             },
             indent=1,
         ),
@@ -388,7 +389,7 @@ def _child(spec_path: str) -> int:
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     _become_subreaper()
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    threading.Thread(target=_exit_with_parent, args=(spec.get("parent", os.getppid()),), daemon=True).start()
     papermill_engines.register("perfkit", _engine())
     try:
         papermill.execute_notebook(

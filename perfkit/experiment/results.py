@@ -22,6 +22,7 @@ Format history (`format_version`), the same numbers for both files:
      `not_reproduced` when nothing changed since the last verdict and the intervals are disjoint.
   4: a run's results say the `profile`r it ran under (null: none; a profiled measurement is marked
      and never stands for an unprofiled one) and the `machine` it measured on (CPU, cores, GPUs).
+  5: an execution says the `host` a cluster worker ran it on (null: the machine of the run).
 Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file is refused.
 """
 
@@ -38,7 +39,7 @@ from perfkit.files import Reader, encode_number, read_json, upgrade, write_json
 from perfkit.paths import Project
 from perfkit.samples import MetricRecord
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 VERDICTS = ("confirmed", "refuted", "inconclusive", "error")
 PLANNED = "planned"
 STATUSES = (PLANNED, "ok", "error", "timeout", "crashed")
@@ -69,6 +70,7 @@ class Execution:
     ename: str | None = None
     evalue: str | None = None
     records: tuple[MetricRecord, ...] = ()
+    host: str | None = None  # the machine it ran on, when a cluster worker ran it (None: this machine)
 
     def label(self) -> str:
         shown = " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
@@ -102,6 +104,7 @@ class Execution:
             ename=r.get("ename", str, optional=True),
             evalue=r.get("evalue", str, optional=True),
             records=tuple(MetricRecord.from_json(c) for c in r.children("records")) if "records" in r.data else (),
+            host=r.get("host", str, optional=True),
         )
 
 
@@ -349,7 +352,18 @@ def _3_to_4(old: dict) -> dict:
     return old
 
 
-UPGRADES: dict[int, Callable[[dict], dict]] = {1: _1_to_2, 2: _2_to_3, 3: _3_to_4}
+def _4_to_5(old: dict) -> dict:
+    """Every earlier execution ran on the run's own machine."""
+    executions = (
+        [x for h in old.get("hypotheses", []) for x in h.get("executions", [])] if "hypotheses" in old else [old]
+    )
+    for x in executions:
+        if isinstance(x, dict):
+            x.setdefault("host", None)
+    return old
+
+
+UPGRADES: dict[int, Callable[[dict], dict]] = {1: _1_to_2, 2: _2_to_3, 3: _3_to_4, 4: _4_to_5}
 
 
 # ---------------------------------------------------------------- files

@@ -26,6 +26,7 @@ from typing import Any
 
 from perfkit import stats
 from perfkit.errors import UserError
+from perfkit.experiment import cluster as remote
 from perfkit.experiment import commit, ledger, plots
 from perfkit.experiment import execute as executor
 from perfkit.experiment.hypothesis import MAX_REPLICATES, Hypothesis, load_hypotheses
@@ -77,6 +78,8 @@ class RunOptions:
     timeout_s: float = DEFAULT_TIMEOUT_S
     force: bool = False
     profile: str | None = None
+    cluster: str | None = None  # a Dask scheduler address or local:N (perfkit/experiment/cluster.py)
+    client: Any = field(default=None, compare=False, repr=False)  # its client, once connected
     command: str = ""
     replicates: int | None = None  # None: DEFAULT_REPLICATES for the mode
     max_replicates: int | None = None  # add replicates to undecided verdicts up to this; None: per mode
@@ -106,6 +109,8 @@ class RunOptions:
             raise UserError(f"--timeout must be positive, got {self.timeout_s}")
         if self.profile is not None and self.profile not in PROFILERS:
             raise UserError(f"--profile: expected one of {', '.join(PROFILERS)}, got {self.profile!r}")
+        if self.cluster and self.profile:
+            raise UserError("--profile with --cluster is not supported yet: profile a probe on this machine")
         if self.profile == "nsys" and executor.nsys() is None:
             raise UserError(
                 "--profile nsys: Nsight Systems' `nsys` is not on PATH; install NVIDIA Nsight Systems "
@@ -391,17 +396,26 @@ def _execute_one(
         )
     finally:
         trace_data = sampler.stop()
+    return _finish(exec_dir, ended, trace_data, label=label, tag=tag, say=say)
+
+
+def _finish(
+    exec_dir: Path, ended: Execution, trace_data: dict | None, *, label: str, tag: str, say: _Printer
+) -> Execution:
+    """After an execution, wherever it ran: fitness from its trace, its files, one line saying how it ended."""
     nb = executor.read_notebook(exec_dir / "executed.ipynb")
     cells = executor.cell_times(nb) if nb else []
     window = (min(c[1] for c in cells), max(c[2] for c in cells)) if cells else None  # when the cells ran
-    ended = replace(ended, unfit=fitness.unfit(trace_data, window))
-    write_atomic(exec_dir / "utilization.json", dumps(json.loads(json.dumps(trace_data, default=str))))
-    utilization.plot_trace(trace_data, exec_dir / "utilization.png", intervals=cells)
+    if trace_data is not None:
+        ended = replace(ended, unfit=fitness.unfit(trace_data, window))
+        write_atomic(exec_dir / "utilization.json", dumps(json.loads(json.dumps(trace_data, default=str))))
+        utilization.plot_trace(trace_data, exec_dir / "utilization.png", intervals=cells)
     write_execution(exec_dir / "execution.json", ended)
     detail = f"{len(ended.records)} records" if ended.status == "ok" else ended.reason
     status = "ok" if ended.status == "ok" else ended.status.upper()
+    on = f" on {ended.host}" if ended.host else ""
     say(
-        f"{tag} finished {label}  {ended.wall_s:.1f} s  {status}: {detail}"
+        f"{tag} finished {label}{on}  {ended.wall_s:.1f} s  {status}: {detail}"
         + (f"  UNFIT: {ended.unfit}" if ended.unfit else "")
     )
     return ended
@@ -420,7 +434,10 @@ def _in_pool(
     first: int,
     total: int,
 ) -> None:
-    """Execute one round's executions, `options.jobs` at a time, filling `done` as each ends."""
+    """Execute one round's executions, `options.jobs` at a time (or on the cluster), filling `done` as each ends."""
+    if options.client is not None:
+        _on_cluster(project, run_dir, the_plan, options, batch, say, done, first=first, total=total)
+        return
     pool = ThreadPoolExecutor(max_workers=options.jobs)
     try:
         futures = {
@@ -444,6 +461,46 @@ def _in_pool(
         executor.kill_all()
         raise
     pool.shutdown()
+
+
+def _on_cluster(
+    project: Project,
+    run_dir: RunDir,
+    the_plan: Plan,
+    options: RunOptions,
+    batch: list[Execution],
+    say: _Printer,
+    done: dict[str, Execution],
+    *,
+    first: int,
+    total: int,
+) -> None:
+    tags = {x.id: f"[{first + i + 1}/{total}]" for i, x in enumerate(batch)}
+
+    def label(x: Execution) -> str:
+        return f"{x.label()} [replicate {x.replicate}]"
+
+    def started(x: Execution, how: str) -> None:
+        say(f"{tags[x.id]} start    {label(x)}  ({how})")
+
+    def ended(x: Execution, got: Execution, trace: dict | None) -> None:
+        exec_dir = run_dir.execution_dir(x.id)
+        exec_dir.mkdir(parents=True, exist_ok=True)
+        done[x.id] = _finish(exec_dir, got, trace, label=label(x), tag=tags[x.id], say=say)
+
+    remote.execute(
+        options.client,
+        project,
+        [
+            (x, run_dir.execution_dir(x.id), {REPLICATE_PARAM: x.replicate} if x.key in the_plan.told else None)
+            for x in batch
+        ],
+        run_id=run_dir.run_id,
+        timeout_s=options.timeout_s,
+        env={},
+        started=started,
+        ended=ended,
+    )
 
 
 def execute(
@@ -728,6 +785,7 @@ def run(
     profile: str | None = None,
     replicates: int | None = None,
     max_replicates: int | None = None,
+    cluster: str | None = None,
     command: str = "",
     out: Callable[[str], None] = print,
 ) -> RunReport:
@@ -745,6 +803,7 @@ def run(
         command=command or " ".join(sys.argv),
         replicates=replicates,
         max_replicates=max_replicates,
+        cluster=cluster or configured_cluster(project),
     )
     options.check()
     project.check_confined()
@@ -752,9 +811,41 @@ def run(
     hypotheses = load_hypotheses(project, ids or None)
     if not hypotheses:
         raise UserError(f"no hypotheses in {project.relative(project.hypotheses_dir)}")
+    if options.cluster:  # an unreachable scheduler is an error before anything is written
+        options = replace(options, client=remote.connect(options.cluster))
+    try:
+        return _run(project, options, hypotheses, started=started, out=out)
+    finally:
+        if options.client is not None:
+            remote.close(options.client)
+
+
+def configured_cluster(project: Project) -> str | None:
+    """`[tool.perfkit] cluster = "..."` in the project's pyproject.toml, if set."""
+    import tomllib
+
+    path = project.root / "pyproject.toml"
+    if not path.is_file():
+        return None
+    try:
+        value = tomllib.loads(path.read_text(encoding="utf-8")).get("tool", {}).get("perfkit", {}).get("cluster")
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UserError(f"{project.relative(path)}: cannot read [tool.perfkit]: {exc}") from None
+    if value is not None and not isinstance(value, str):
+        raise UserError(f"{project.relative(path)}: [tool.perfkit] cluster must be a string, got {value!r}")
+    return value
+
+
+def _run(
+    project: Project, options: RunOptions, hypotheses: list[Hypothesis], *, started: float, out: Callable[[str], None]
+) -> RunReport:
+    quick, profile = options.quick, options.profile
     say = _Printer(out)
     source_hash = source_tree_hash()
     environment = environment_key()
+    if options.client is not None:  # measured elsewhere: never the same measurement as one made here
+        environment["cluster"] = options.cluster
+        say(f"cluster {options.cluster}: {remote.where(options.client)}")
     the_plan = plan(
         project,
         hypotheses,

@@ -1,0 +1,229 @@
+"""Probe executions on a Dask cluster: `perfkit run --cluster ADDRESS` or `--cluster local:N`.
+
+The client (the `perfkit run` process) plans, judges and writes, exactly as for a local run; only
+the executions go to the workers. Each one ships the project's notebooks/ folder (no shared
+filesystem is assumed), runs there in its own kernel process under the same per-probe timeout,
+with a utilization trace of that worker's machine, and sends back the executed notebook, its
+records, its log, the trace and the worker's machine in words. Nothing else is written remotely.
+
+Measurement isolation: every execution asks for the `measure` resource, and a worker offers one
+(`dask worker ADDRESS --nworkers 1 --nthreads 1 --resources measure=1`), so two executions never
+share a worker; start one worker per machine (or per GPU, with CUDA_VISIBLE_DEVICES) for
+measurements that do not disturb each other. A worker lost while it runs an execution costs that
+execution one retry elsewhere; lost again, it ends as an error "worker lost: ...".
+
+A Dask scheduler runs the code it is sent, and so do its workers: connect only to a cluster you
+trust, over TLS on a shared network (Dask's `distributed.comm.tls` settings or a `Security`
+object). The default is a local cluster on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from perfkit.errors import UserError
+from perfkit.experiment import execute as executor
+from perfkit.experiment.results import Execution
+from perfkit.files import Reader
+from perfkit.paths import Project
+
+RESOURCE = "measure"  # one per worker: the scheduler never runs two executions on one worker
+INSTALL = "pip install 'perfkit[cluster]'  (or: pip install distributed)"
+MAX_SHIPPED_BYTES = 64 * 2**20  # notebooks/ is code and small inputs; a bigger folder is a mistake
+
+
+def _distributed():
+    try:
+        import distributed
+    except ImportError:
+        raise UserError(f"--cluster needs Dask's distributed scheduler, which is not installed: {INSTALL}") from None
+    return distributed
+
+
+def connect(spec: str, *, timeout_s: float = 5.0):
+    """A Dask client: `local:N` starts a LocalCluster of N single-threaded worker processes here."""
+    distributed = _distributed()
+    import dask
+
+    if spec.startswith("local:"):
+        try:
+            n = int(spec.split(":", 1)[1])
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise UserError(f"--cluster local:N needs a number of workers >= 1, got {spec!r}")
+        environ = dict(os.environ)  # Dask sets OMP_NUM_THREADS=1 and more here for its workers: not ours to keep
+        try:
+            with dask.config.set({"distributed.scheduler.allowed-failures": 1}):  # one retry after a lost worker
+                cluster = distributed.LocalCluster(
+                    n_workers=n,
+                    threads_per_worker=1,
+                    processes=True,
+                    resources={RESOURCE: 1},
+                    dashboard_address=None,
+                    silence_logs=40,
+                )
+                return distributed.Client(cluster)
+        finally:
+            os.environ.clear()
+            os.environ.update(environ)
+    try:
+        client = distributed.Client(spec, timeout=timeout_s)
+    except (OSError, TimeoutError) as exc:
+        raise UserError(f"cannot reach the Dask scheduler at {spec}: {exc}; nothing was run") from None
+    workers = client.scheduler_info().get("workers", {})
+    if not any(w.get("resources", {}).get(RESOURCE) for w in workers.values()):
+        client.close()
+        raise UserError(
+            f"no worker of {spec} offers the {RESOURCE!r} resource; start each worker with "
+            f"`dask worker {spec} --nworkers 1 --nthreads 1 --resources {RESOURCE}=1`"
+        )
+    return client
+
+
+def where(client) -> str:
+    """The cluster in words, for the run's first line."""
+    workers = client.scheduler_info().get("workers", {})
+    hosts = sorted({w.get("host", "?") for w in workers.values()})
+    return f"{len(workers)} workers on {len(hosts)} machine{'s' if len(hosts) != 1 else ''} ({', '.join(hosts)})"
+
+
+def _folder(root: Path) -> dict[str, bytes]:
+    files, size = {}, 0
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and ".ipynb_checkpoints" not in path.parts:
+            data = path.read_bytes()
+            size += len(data)
+            files[path.relative_to(root).as_posix()] = data
+    if size > MAX_SHIPPED_BYTES:
+        raise UserError(f"notebooks/ holds {size / 2**20:.0f} MiB; a cluster run ships it whole (at most 64 MiB)")
+    return files
+
+
+def payload(project: Project) -> dict[str, bytes]:
+    """What every execution needs from the project: the notebooks folder."""
+    return _folder(project.notebooks_dir)
+
+
+def run_on_worker(
+    notebooks: dict[str, bytes],
+    planned_json: dict,
+    notebook: str,
+    run_id: str,
+    timeout_s: float,
+    env: dict[str, str],
+    extra: dict | None,
+) -> dict[str, Any]:
+    """The worker's side: execute one probe in a fresh folder, return its files and trace."""
+    from perfkit.machine import devices, fitness, utilization
+
+    with tempfile.TemporaryDirectory(prefix="perfkit-worker-") as tmp:
+        root = Path(tmp)
+        for rel, data in notebooks.items():
+            (root / "notebooks" / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / "notebooks" / rel).write_bytes(data)
+        planned = Execution.from_json(Reader(planned_json, "planned execution"))
+        child_env = dict(env)
+        if not any(name in os.environ for name in fitness.THREAD_VARIABLES):
+            threads = fitness.free_cores()
+            child_env.update({name: str(threads) for name in fitness.THREAD_VARIABLES})
+        sampler = utilization.Sampler(interval_s=0.25)
+        sampler.start()
+        try:
+            ended = executor.execute(
+                planned,
+                notebook=root / "notebooks" / notebook,
+                exec_dir=root / "exec",
+                run_id=run_id,
+                cwd=root / "notebooks",
+                kernel_dir=executor.ensure_kernelspec(root / "jupyter"),
+                timeout_s=timeout_s,
+                env=child_env,
+                extra=extra,
+            )
+        finally:
+            trace = sampler.stop()
+        files = {p.name: p.read_bytes() for p in (root / "exec").iterdir() if p.is_file()}
+        return {
+            "execution": ended.to_json(),
+            "files": files,
+            "trace": trace,
+            "host": platform.node(),
+            "machine": devices.describe(),
+            "threads": child_env.get("OMP_NUM_THREADS"),
+        }
+
+
+def execute(
+    client,
+    project: Project,
+    batch: list[tuple[Execution, Path, dict | None]],
+    *,
+    run_id: str,
+    timeout_s: float,
+    env: dict[str, str],
+    started: Callable[[Execution, str], None],
+    ended: Callable[[Execution, Execution, dict | None], None],
+) -> None:
+    """Run (planned, exec_dir, extra) on the cluster; `ended(planned, execution, trace)` as each ends.
+
+    A lost worker is retried once by the scheduler, then the execution ends "error" with the reason.
+    Interrupted, the remote work still queued or running is cancelled.
+    """
+    distributed = _distributed()
+    shipped = client.scatter(payload(project), broadcast=True)
+    futures = {}
+    for planned, exec_dir, extra in batch:
+        future = client.submit(
+            run_on_worker,
+            shipped,
+            planned.to_json(),
+            planned.notebook,
+            run_id,
+            timeout_s,
+            env,
+            extra,
+            resources={RESOURCE: 1},
+            pure=False,
+            key=f"perfkit-{run_id}-{planned.key}-r{planned.replicate}-{time.monotonic_ns()}",
+        )
+        futures[future] = (planned, exec_dir)
+        started(planned, "queued on the cluster")
+    try:
+        for future in distributed.as_completed(list(futures)):
+            planned, exec_dir = futures[future]
+            try:
+                got = future.result()
+            except Exception as exc:  # KilledWorker, a closed connection: the worker, not the probe
+                lost = replace(
+                    planned,
+                    status="error",
+                    run_id=run_id,
+                    wall_s=0.0,
+                    reason=f"worker lost: {type(exc).__name__}: {exc}"[:500],
+                )
+                ended(planned, lost, None)
+                continue
+            exec_dir.mkdir(parents=True, exist_ok=True)
+            for name, data in got["files"].items():
+                (exec_dir / name).write_bytes(data)
+            execution = Execution.from_json(Reader(got["execution"], f"{exec_dir}/execution"))
+            ended(planned, replace(execution, host=got["host"]), got["trace"] | {"machine": got["machine"]})
+    except BaseException:
+        client.cancel(list(futures), force=True)
+        raise
+
+
+def close(client) -> None:
+    """Close the client, and the LocalCluster it started."""
+    owned = getattr(client, "cluster", None)
+    client.close()
+    if owned is not None:
+        owned.close()

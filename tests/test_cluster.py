@@ -1,0 +1,110 @@
+"""Probe executions on a real Dask LocalCluster: the same verdicts, a lost worker, clear errors."""
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from perfkit.cli import main
+from perfkit.errors import UserError
+from perfkit.experiment import cluster, runner
+from perfkit.paths import Project
+
+FIXTURES = Path(__file__).parent / "fixtures" / "project"
+QUICK = ["fx-cost-confirmed", "fx-cost-refuted", "fx-raises", "fx-scaling", "fx-share", "fx-silent", "fx-speedup"]
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> Project:
+    root = tmp_path / "project"
+    shutil.copytree(FIXTURES, root)
+    monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
+    monkeypatch.setattr(runner.fitness, "unfit", lambda trace, window=None: None)  # the suite shares the machine
+    return Project(root)
+
+
+def verdicts(report):
+    return {h.id: (h.verdict, h.reason) for h in report.results.hypotheses}
+
+
+def test_a_local_cluster_gives_the_verdicts_of_a_local_run(project):
+    import os
+
+    environ = dict(os.environ)
+    lines: list[str] = []
+    here = runner.run(project, ids=QUICK, quick=True, replicates=1, timeout_s=60, out=lines.append)
+    there = runner.run(project, ids=QUICK, quick=True, replicates=1, timeout_s=60, cluster="local:2", out=lines.append)
+    assert dict(os.environ) == environ  # Dask's settings for its workers (OMP_NUM_THREADS=1, ...) stay out of ours
+    assert there.executed == here.executed == 4 and there.reused == 0  # measured there, not reused from here
+    assert {k: v[0] for k, v in verdicts(there).items()} == {k: v[0] for k, v in verdicts(here).items()}
+    assert verdicts(there)["fx-raises"] == verdicts(here)["fx-raises"]  # the cell and the error, as here
+    assert any(line.startswith("cluster local:2: 2 workers on 1 machine") for line in lines)
+    executions = [
+        json.loads(p.read_text()) for p in (project.runs_dir / there.run_id).glob("executions/*/r0/execution.json")
+    ]
+    assert len(executions) == 4 and all(e["host"] for e in executions)  # which worker's machine measured it
+    assert all(
+        (project.runs_dir / there.run_id / "executions" / e["key"] / "r0" / "executed.ipynb").is_file()
+        for e in executions
+    )
+    stored = json.loads((project.results_dir / f"{there.run_id}.json").read_text())
+    assert sorted(h["id"] for h in stored["hypotheses"]) == sorted(QUICK)  # the client alone wrote the results
+
+
+def _kill_workers_running(mode: str, times: int, stop: threading.Event, killed: list) -> None:
+    """Kill the worker process whose execution runs the probe in `mode`, `times` times."""
+    while len(killed) < times and not stop.is_set():
+        for proc in psutil.process_iter(["cmdline"]):
+            cmd = proc.info["cmdline"] or []
+            if "perfkit.experiment.execute" in cmd and cmd[-1] not in killed:
+                try:
+                    spec = json.loads(Path(cmd[-1]).read_text())
+                except (OSError, ValueError):
+                    continue
+                if spec["params"].get("mode") == mode:
+                    time.sleep(1.0)  # it is running, not just starting
+                    try:
+                        proc.parent().kill()  # the worker, mid-execution
+                    except psutil.NoSuchProcess:
+                        continue
+                    killed.append(cmd[-1])
+        time.sleep(0.2)
+
+
+def test_a_worker_lost_twice_gives_worker_lost_and_the_other_verdicts_stand(project):
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_workers_running, args=("sleep", 2, stop, killed), daemon=True)
+    killer.start()
+    try:
+        report = runner.run(
+            project,
+            ids=["fx-sleeps", "fx-cost-confirmed", "fx-share"],
+            quick=True,
+            replicates=1,
+            timeout_s=120,
+            cluster="local:2",
+            out=lambda line: None,
+        )
+    finally:
+        stop.set()
+    got = verdicts(report)
+    assert len(killed) == 2  # the first loss was retried on a worker, the second ended it
+    assert got["fx-sleeps"][0] == "error" and got["fx-sleeps"][1].startswith("worker lost: KilledWorker")
+    assert got["fx-cost-confirmed"][0] == "confirmed" and got["fx-share"][0] == "confirmed"
+
+
+def test_an_unreachable_scheduler_and_a_missing_extra_are_clear_and_write_nothing(project, monkeypatch, capsys):
+    code = main(["--root", str(project.root), "run", "fx-share", "--quick", "--cluster", "tcp://127.0.0.1:9"])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in err and "Traceback" not in err
+    assert not project.runs_dir.exists() or not any(p.is_dir() for p in project.runs_dir.iterdir())
+    monkeypatch.setitem(__import__("sys").modules, "distributed", None)  # as if the extra were not installed
+    with pytest.raises(UserError, match=r"pip install 'perfkit\[cluster\]'"):
+        cluster.connect("local:2")
+    with pytest.raises(UserError, match="local:N needs a number of workers"):
+        monkeypatch.delitem(__import__("sys").modules, "distributed")
+        cluster.connect("local:zero")
