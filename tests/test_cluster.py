@@ -36,11 +36,15 @@ def test_a_local_cluster_gives_the_verdicts_of_a_local_run(project):
 
     environ = dict(os.environ)
     lines: list[str] = []
-    here = runner.run(project, ids=QUICK, quick=True, replicates=1, timeout_s=60, out=lines.append)
-    there = runner.run(project, ids=QUICK, quick=True, replicates=1, timeout_s=60, cluster="local:2", out=lines.append)
+    here = runner.run(project, ids=QUICK, quick=True, replicates=2, timeout_s=60, out=lines.append)
+    # two rounds of replicates: the second must still find what the first shipped to the workers
+    there = runner.run(project, ids=QUICK, quick=True, replicates=2, timeout_s=60, cluster="local:2", out=lines.append)
     assert dict(os.environ) == environ  # Dask's settings for its workers (OMP_NUM_THREADS=1, ...) stay out of ours
-    assert there.executed == here.executed == 4 and there.reused == 0  # measured there, not reused from here
-    assert {k: v[0] for k, v in verdicts(there).items()} == {k: v[0] for k, v in verdicts(here).items()}
+    assert there.executed == here.executed == 8 and there.reused == 0  # measured there, not reused from here
+    assert {k: v[0] for k, v in verdicts(there).items()} == {k: v[0] for k, v in verdicts(here).items()}, (
+        verdicts(here),
+        verdicts(there),
+    )
     assert verdicts(there)["fx-raises"] == verdicts(here)["fx-raises"]  # the cell and the error, as here
     assert any(line.startswith("cluster local:2: 2 workers on 1 machine") for line in lines)
     executions = [
