@@ -112,3 +112,28 @@ def test_an_unreachable_scheduler_and_a_missing_extra_are_clear_and_write_nothin
     with pytest.raises(UserError, match="local:N needs a number of workers"):
         monkeypatch.delitem(__import__("sys").modules, "distributed")
         cluster.connect("local:zero")
+
+
+def test_rounds_of_executions_on_one_client_each_find_their_input(project, tmp_path):
+    """The notebooks shipped by one round are released as the next round ships its own."""
+    from perfkit.experiment.results import Execution
+
+    client = cluster.connect("local:2")
+    try:
+        ended = []
+        for round_ in range(5):  # one right after another, as a run's rounds of replicates go
+            planned = Execution(key=f"k{round_}", notebook="fixture_probe.ipynb", params={"mode": "ok", "n": 1000})
+            cluster.execute(
+                client,
+                project,
+                [(planned, tmp_path / f"r{round_}", None)],
+                run_id="test",
+                timeout_s=60,
+                env={},
+                started=lambda x, how: None,
+                ended=lambda x, got, trace: ended.append(got),
+            )
+        assert [e.status for e in ended] == ["ok"] * 5, [e.reason for e in ended]
+        assert all(len(e.records) == 8 and e.host for e in ended)
+    finally:
+        cluster.close(client)

@@ -178,9 +178,10 @@ def execute(
     Interrupted, the remote work still queued or running is cancelled.
     """
     distributed = _distributed()
-    # a key of its own (hash=False): the same notebooks scattered by the previous round, whose future is
-    # being released, would otherwise share its key and this round's tasks would lose their input
-    shipped = client.scatter(payload(project), broadcast=True, hash=False)
+    # One future for the whole folder (a dict given to scatter would become one key per file name), under a
+    # key of its own (hash=False): the previous round's, being released, would otherwise share its key and
+    # this round's tasks would lose their input ("lost dependencies").
+    (shipped,) = client.scatter([payload(project)], broadcast=True, hash=False)
     futures = {}
     for planned, exec_dir, extra in batch:
         future = client.submit(
