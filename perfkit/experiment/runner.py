@@ -807,10 +807,10 @@ def run(
     )
     options.check()
     project.check_confined()
-    check_writable(project)
-    hypotheses = load_hypotheses(project, ids or None)
+    hypotheses = load_hypotheses(project, ids or None)  # a malformed record stops the run before anything is made
     if not hypotheses:
         raise UserError(f"no hypotheses in {project.relative(project.hypotheses_dir)}")
+    check_writable(project)
     if options.cluster:  # an unreachable scheduler is an error before anything is written
         options = replace(options, client=remote.connect(options.cluster))
     try:
