@@ -239,3 +239,11 @@ def test_a_probe_that_records_a_negative_duration_gets_an_error_not_a_verdict():
     )
     j = judge(h, [run])
     assert j.verdict is Verdict.ERROR and "negative durations" in j.reason
+
+
+def test_a_malformed_record_stops_a_run_before_anything_is_made(tmp_path, capsys):
+    root = valid_project(tmp_path, "id: h\nclaim: c\nrationale: r\nexpect: {kind: at_most, metric: work, unit: ms}\n")
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    assert main(["--root", str(root), "run", "--all", "--quick"]) == 2
+    assert "hypotheses/h.yaml:4:" in capsys.readouterr().err
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before  # no runs/, no ledger folders
