@@ -464,17 +464,27 @@ class QuantileSketch:
 
     def quantile(self, q: float) -> float:
         """The q-quantile (nearest rank, 0 <= q <= 1), within `alpha` of the exact one; NaN when empty."""
+        return self.quantiles(q)[0]
+
+    def quantiles(self, *qs: float) -> list[float]:
+        """Several quantiles in one pass over the buckets (a log line asks for p50 and p99 together)."""
         if self.n == 0:
-            return math.nan
-        rank = round(q * (self.n - 1))
-        if rank < self.zeros:
-            return 0.0
+            return [math.nan] * len(qs)
+        wanted = sorted((round(q * (self.n - 1)), i) for i, q in enumerate(qs))
+        out = [math.nan] * len(qs)
+        j = 0
+        while j < len(wanted) and wanted[j][0] < self.zeros:
+            out[wanted[j][1]] = 0.0
+            j += 1
         seen = self.zeros
         for k in sorted(self.buckets):
             seen += self.buckets[k]
-            if seen > rank:
-                return 2 * self._gamma**k / (self._gamma + 1)  # within alpha of every value in the bucket
-        raise AssertionError("the buckets hold fewer values than counted")
+            while j < len(wanted) and wanted[j][0] < seen:
+                out[wanted[j][1]] = 2 * self._gamma**k / (self._gamma + 1)  # within alpha of every value in it
+                j += 1
+            if j == len(wanted):
+                break
+        return out
 
     @property
     def mean(self) -> float:

@@ -200,6 +200,7 @@ def test_the_quantile_sketch_stays_within_its_relative_error_in_bounded_memory(n
         exact = ordered[round(q * (len(ordered) - 1))]  # nearest rank
         got = sketch.quantile(q)
         assert abs(got - exact) <= 0.01 * exact + 1e-300, (name, q, got, exact)
+    assert sketch.quantiles(0.99, 0.5, 0.0) == [sketch.quantile(0.99), sketch.quantile(0.5), sketch.quantile(0.0)]
     assert sketch.n == len(values) and sketch.total == pytest.approx(values.sum())
     assert sketch.last == values[-1]
     assert len(sketch.buckets) < 2_000  # memory: one counter per occupied log bucket, not per value

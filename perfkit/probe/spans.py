@@ -158,9 +158,8 @@ class _Series:
         k = self.sketch
         if not k.n:
             return None
-        return SpanStats(
-            name=name, n=k.n, mean=k.mean, p50=k.quantile(0.5), p99=k.quantile(0.99), last=k.last, total=k.total
-        )
+        p50, p99 = k.quantiles(0.5, 0.99)
+        return SpanStats(name=name, n=k.n, mean=k.mean, p50=p50, p99=p99, last=k.last, total=k.total)
 
 
 _series: dict[str, _Series] = {}
