@@ -126,7 +126,7 @@ def test_rounds_of_executions_on_one_client_each_find_their_input(project, tmp_p
             cluster.execute(
                 client,
                 project,
-                [(planned, tmp_path / f"r{round_}", None)],
+                [(planned, tmp_path / f"r{round_}", None, {})],
                 run_id="test",
                 timeout_s=60,
                 env={},
@@ -137,3 +137,12 @@ def test_rounds_of_executions_on_one_client_each_find_their_input(project, tmp_p
         assert all(len(e.records) == 8 and e.host for e in ended)
     finally:
         cluster.close(client)
+
+
+def test_a_probe_asking_for_a_resource_no_worker_offers_is_refused_before_anything_runs(project, capsys):
+    record = project.hypotheses_dir / "fx-share.yaml"
+    record.write_text(record.read_text().replace("probe:\n", "probe:\n  resources: {GPU: 1}\n"))
+    code = main(["--root", str(project.root), "run", "fx-share", "--quick", "--cluster", "local:1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "asks for GPU=1 (probe.resources) and no worker offers it" in err, err
+    assert not project.runs_dir.exists() or not any(p.is_dir() for p in project.runs_dir.iterdir())

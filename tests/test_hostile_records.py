@@ -120,6 +120,21 @@ def test_a_unit_of_another_dimension_and_impossible_sample_counts_are_refused(tm
     assert err.startswith("hypotheses/h.yaml:4: ") and message in err, err
 
 
+@pytest.mark.parametrize(
+    "resources, message",
+    [("{GPU: -1}", "expected a number from 0 to 1024"), ("{'G P U': 1}", "a resource is a name"), ("[GPU]", "mapping")],
+)
+def test_probe_resources_are_checked(tmp_path, capsys, resources, message):
+    text = (
+        "id: h\nclaim: c\nrationale: r\nexpect: {kind: at_most, metric: work, unit: ms, value: 1}\n"
+        f"probe: {{notebook: fixture_probe.ipynb, resources: {resources}}}\n"
+    )
+    root = valid_project(tmp_path, text)
+    assert main(["--root", str(root), "validate"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hypotheses/h.yaml:5: probe.resources") and message in err, err
+
+
 def test_a_unit_of_the_same_dimension_passes(tmp_path, capsys):
     root = valid_project(tmp_path, RECORD.format(value=1, notebook="fixture_probe.ipynb", n=1000).replace("ms,", "us,"))
     assert main(["--root", str(root), "validate"]) == 0

@@ -88,6 +88,27 @@ def connect(spec: str, *, timeout_s: float = 5.0):
     return client
 
 
+def offered(client) -> dict[str, float]:
+    """The most of each resource any one worker offers."""
+    most: dict[str, float] = {}
+    for w in client.scheduler_info().get("workers", {}).values():
+        for name, amount in (w.get("resources") or {}).items():
+            most[name] = max(most.get(name, 0.0), float(amount))
+    return most
+
+
+def check_resources(client, needs: dict[str, dict[str, float]], labels: dict[str, str]) -> None:
+    """Refuse, before anything runs, an execution no worker could take (it would wait forever)."""
+    have = offered(client)
+    for key, wanted in needs.items():
+        for name, amount in wanted.items():
+            if have.get(name, 0.0) < amount:
+                raise UserError(
+                    f"{labels.get(key, key)} asks for {name}={amount:g} (probe.resources) and no worker offers it "
+                    f"(workers offer {have or 'nothing'}); start workers with `--resources {RESOURCE}=1,{name}=1`"
+                )
+
+
 def where(client) -> str:
     """The cluster in words, for the run's first line."""
     workers = client.scheduler_info().get("workers", {})
@@ -164,7 +185,7 @@ def run_on_worker(
 def execute(
     client,
     project: Project,
-    batch: list[tuple[Execution, Path, dict | None]],
+    batch: list[tuple[Execution, Path, dict | None, dict[str, float]]],
     *,
     run_id: str,
     timeout_s: float,
@@ -172,7 +193,7 @@ def execute(
     started: Callable[[Execution, str], None],
     ended: Callable[[Execution, Execution, dict | None], None],
 ) -> None:
-    """Run (planned, exec_dir, extra) on the cluster; `ended(planned, execution, trace)` as each ends.
+    """Run (planned, exec_dir, extra, resources) on the cluster; `ended(planned, execution, trace)` as each ends.
 
     A lost worker is retried once by the scheduler, then the execution ends "error" with the reason.
     Interrupted, the remote work still queued or running is cancelled.
@@ -183,7 +204,7 @@ def execute(
     # this round's tasks would lose their input ("lost dependencies").
     (shipped,) = client.scatter([payload(project)], broadcast=True, hash=False)
     futures = {}
-    for planned, exec_dir, extra in batch:
+    for planned, exec_dir, extra, needs in batch:
         future = client.submit(
             run_on_worker,
             shipped,
@@ -193,7 +214,7 @@ def execute(
             timeout_s,
             env,
             extra,
-            resources={RESOURCE: 1},
+            resources={RESOURCE: 1, **needs},
             pure=False,
             key=f"perfkit-{run_id}-{planned.key}-r{planned.replicate}-{time.monotonic_ns()}",
         )

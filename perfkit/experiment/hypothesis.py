@@ -50,7 +50,15 @@ from perfkit.paths import Project, find_project
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 _TOP_KEYS = {"id": True, "claim": True, "rationale": True, "expect": True, "probe": True, "tags": False}
-_PROBE_KEYS = {"notebook": True, "params": False, "quick": False, "sweep": False, "replicates": False}
+_PROBE_KEYS = {
+    "notebook": True,
+    "params": False,
+    "quick": False,
+    "sweep": False,
+    "replicates": False,
+    "resources": False,
+}
+RESOURCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
 MAX_REPLICATES = 50
 _SWEEP_KEYS = {"param": True, "values": True, "quick": False}
 
@@ -79,6 +87,7 @@ class Probe:
     quick: dict[str, Any] = field(default_factory=dict)
     sweep: Sweep | None = None
     replicates: int | None = None  # independent kernel processes per execution; None: the run's default
+    resources: dict[str, float] = field(default_factory=dict)  # what a cluster worker must offer: {"GPU": 1}
 
 
 @dataclass(frozen=True)
@@ -270,6 +279,16 @@ def _check_probe(checker: Checker, raw: Any, project: Project, notebook_cache: d
     if "sweep" in probe:
         sweep = _check_sweep(checker, probe["sweep"], declared)
     replicates = checker.integer(probe, "replicates", where, low=1, high=MAX_REPLICATES)
+    resources: dict[str, float] = {}
+    if "resources" in probe:
+        block = checker.mapping(probe["resources"], where + ("resources",))
+        for name, amount in (block or {}).items():
+            if not isinstance(name, str) or not RESOURCE_NAME.match(name):
+                checker.fail(where + ("resources", name), "a resource is a name like GPU or memory_gb")
+            elif not is_number(amount) or not math.isfinite(amount) or not 0 < amount <= 1024:
+                checker.fail(where + ("resources", name), f"expected a number from 0 to 1024, got {amount!r}")
+            else:
+                resources[name] = float(amount)
     if len(checker.errors) > errors_before:
         return None
     return Probe(
@@ -278,6 +297,7 @@ def _check_probe(checker: Checker, raw: Any, project: Project, notebook_cache: d
         quick=dict(blocks.get("quick", {})),
         sweep=sweep,
         replicates=replicates,
+        resources=resources,
     )
 
 

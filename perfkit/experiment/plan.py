@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ class Plan:
     needs: dict[str, tuple[str, ...]]  # hypothesis id -> execution keys
     replicates: dict[str, int]  # execution key -> independent kernel processes to run
     told: frozenset[str] = frozenset()  # keys whose notebook declares the `replicate` parameter
+    resources: dict[str, dict[str, float]] = field(default_factory=dict)  # key -> what a worker must offer
 
     def replicated(self) -> list[Execution]:
         """Every replicate of every execution, round by round: replicate 0 of all, then 1, ..."""
@@ -199,6 +200,7 @@ def plan(
     needs: dict[str, tuple[str, ...]] = {}
     counts: dict[str, int] = {}
     told: set[str] = set()
+    resources: dict[str, dict[str, float]] = {}
     for h in hypotheses:
         path = project.notebooks_dir / h.probe.notebook
         if h.probe.notebook not in declared_cache:
@@ -220,6 +222,9 @@ def plan(
             key = execution_key(code, point, source_hash, profile, environment)
             by_key.setdefault(key, Execution(key=key, notebook=h.probe.notebook, params=point))
             counts[key] = max(counts.get(key, 1), h.probe.replicates or replicates)
+            needed = resources.setdefault(key, {})
+            for name, amount in h.probe.resources.items():
+                needed[name] = max(needed.get(name, 0.0), amount)
             if isinstance(declared, dict) and REPLICATE_PARAM in declared:
                 told.add(key)
             keys.append(key)
@@ -227,4 +232,10 @@ def plan(
     unused = sorted(set(overrides) - used_overrides)
     if unused:
         raise UserError(f"--param {', '.join(unused)}: no selected probe declares it")
-    return Plan(executions=tuple(by_key.values()), needs=needs, replicates=counts, told=frozenset(told))
+    return Plan(
+        executions=tuple(by_key.values()),
+        needs=needs,
+        replicates=counts,
+        told=frozenset(told),
+        resources={k: v for k, v in resources.items() if v},
+    )

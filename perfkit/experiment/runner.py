@@ -492,7 +492,12 @@ def _on_cluster(
         options.client,
         project,
         [
-            (x, run_dir.execution_dir(x.id), {REPLICATE_PARAM: x.replicate} if x.key in the_plan.told else None)
+            (
+                x,
+                run_dir.execution_dir(x.id),
+                {REPLICATE_PARAM: x.replicate} if x.key in the_plan.told else None,
+                the_plan.resources.get(x.key, {}),
+            )
             for x in batch
         ],
         run_id=run_dir.run_id,
@@ -857,6 +862,8 @@ def _run(
         replicates=options.replicates_default(),
         note=say,
     )
+    if options.client is not None:
+        remote.check_resources(options.client, the_plan.resources, {x.key: x.label() for x in the_plan.executions})
     run_dir = new_run_dir(project)
     manifest = _manifest(project, run_dir, hypotheses, options, source_hash)
     manifest["cache_key"] = environment  # what, besides the notebook and parameters, a reuse must match
