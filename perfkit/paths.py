@@ -86,6 +86,17 @@ def find_project(root: str | os.PathLike | None = None) -> Project:
     )
 
 
+def git(directory: Path, *args: str) -> str:
+    """`git ARGS` run in `directory`: its output, or a UserError saying what git said."""
+    try:
+        done = subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UserError(f"git {' '.join(args)}: {exc}") from None
+    if done.returncode != 0:
+        raise UserError(f"git {' '.join(args)}: {done.stderr.strip() or 'failed'}")
+    return done.stdout
+
+
 def git_state(directory: Path) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the git checkout holding `directory`; (None, None) outside one or without git."""
     try:

@@ -151,10 +151,7 @@ def run_on_worker(
             (root / "notebooks" / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / "notebooks" / rel).write_bytes(data)
         planned = Execution.from_json(Reader(planned_json, "planned execution"))
-        child_env = dict(env)
-        if not any(name in os.environ for name in fitness.THREAD_VARIABLES):
-            threads = fitness.free_cores()
-            child_env.update({name: str(threads) for name in fitness.THREAD_VARIABLES})
+        child_env = {**env, **fitness.thread_env()}
         sampler = utilization.Sampler(interval_s=0.25)
         sampler.start()
         try:

@@ -14,7 +14,6 @@ The exit status is a CI gate: 1 when a change of a kind named in `fail_on` is pr
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from perfkit.errors import UserError
 from perfkit.experiment.ledger import history, measured_text, standing
 from perfkit.experiment.results import HypothesisResult, RunResults, load_all_results
 from perfkit.files import read_json
-from perfkit.paths import Project
+from perfkit.paths import Project, git
 
 #: Kinds of change, in the order a reviewer reads them.
 KINDS = ("flip", "not-reproduced", "added", "removed", "edited", "moved", "unchanged")
@@ -72,43 +71,35 @@ class Change:
 # ---------------------------------------------------------------- reading the base
 
 
-def _git(project: Project, *args: str) -> str:
-    try:
-        done = subprocess.run(["git", *args], cwd=project.root, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UserError(f"git {' '.join(args)}: {exc}") from None
-    if done.returncode != 0:
-        raise UserError(f"git {' '.join(args)}: {done.stderr.strip() or 'failed'}")
-    return done.stdout
-
-
 def default_base(project: Project) -> str:
     """The merge base with the main branch; on the main branch itself, HEAD (the last commit)."""
-    head = _git(project, "rev-parse", "HEAD").strip()
+    head = git(project.root, "rev-parse", "HEAD").strip()
     for branch in MAIN_BRANCHES:
         for ref in (f"origin/{branch}", branch):
             try:
-                base = _git(project, "merge-base", "HEAD", ref).strip()
+                base = git(project.root, "merge-base", "HEAD", ref).strip()
             except UserError:
                 continue
             return "HEAD" if base == head else base
     return "HEAD"
 
 
-def results_at(project: Project, revision: str) -> list[RunResults]:
-    """Every results file as committed at `revision`."""
+def results_at(project: Project, revision: str, *, skip: set[str] = frozenset()) -> list[RunResults]:
+    """Every results file as committed at `revision` (but those of the run ids in `skip`)."""
     folder = project.relative(project.results_dir)
-    prefix = _git(project, "rev-parse", "--show-prefix").strip()
-    _git(project, "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}")  # a bad revision is the user's error
+    prefix = git(project.root, "rev-parse", "--show-prefix").strip()
+    git(
+        project.root, "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"
+    )  # a bad revision is the user's error
     try:
-        listing = _git(project, "ls-tree", "--name-only", f"{revision}:{prefix}{folder}")
+        listing = git(project.root, "ls-tree", "--name-only", f"{revision}:{prefix}{folder}")
     except UserError:
         return []  # the revision has no results yet
     out = []
-    for name in sorted(n for n in listing.splitlines() if n.endswith(".json")):
+    for name in sorted(n for n in listing.splitlines() if n.endswith(".json") and n[: -len(".json")] not in skip):
         shown = f"{revision}:{folder}/{name}"
         try:
-            data = json.loads(_git(project, "show", f"{revision}:{prefix}{folder}/{name}"))
+            data = json.loads(git(project.root, "show", f"{revision}:{prefix}{folder}/{name}"))
         except ValueError:
             raise UserError(f"{shown}: not JSON") from None
         out.append(RunResults.from_json(data, shown))

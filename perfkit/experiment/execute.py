@@ -143,6 +143,18 @@ def last_started_cell(nb) -> tuple[int, str] | None:
     return found
 
 
+def _kill(victims: list) -> None:
+    """SIGKILL each psutil process (those already gone are skipped) and wait for them to go."""
+    import psutil
+
+    for victim in victims:
+        try:
+            victim.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(victims, timeout=10)
+
+
 def _kill_tree(proc: subprocess.Popen) -> None:
     """Kill the child, its kernel (which runs in a session of its own) and their children."""
     import psutil
@@ -151,16 +163,11 @@ def _kill_tree(proc: subprocess.Popen) -> None:
         victims = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         victims = []
-    for victim in victims:
-        try:
-            victim.kill()
-        except psutil.NoSuchProcess:
-            pass
     try:
         os.killpg(proc.pid, 9)
     except ProcessLookupError:
         pass
-    psutil.wait_procs(victims, timeout=10)
+    _kill(victims)
     proc.wait()
 
 
@@ -305,18 +312,13 @@ def _kill_descendants() -> list[str]:
     import psutil
 
     left = psutil.Process().children(recursive=True)
-    for proc in left:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(left, timeout=10)
     names = []
     for proc in left:
         try:
             names.append(f"{proc.name()} (pid {proc.pid})")
         except psutil.NoSuchProcess:
             names.append(f"pid {proc.pid}")
+    _kill(left)
     return names
 
 

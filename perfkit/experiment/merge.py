@@ -11,44 +11,38 @@ being merged in, which git names in GITHEAD_<sha> while the driver runs). `make`
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+from perfkit.errors import UserError
 from perfkit.experiment import ledger
+from perfkit.experiment.diff import results_at
 from perfkit.experiment.results import RunResults, load_all_results
 from perfkit.files import write_atomic
-from perfkit.paths import Project
+from perfkit.paths import Project, git
 
 _OTHER_SIDE = ("MERGE_HEAD", "REBASE_HEAD", "CHERRY_PICK_HEAD")
 
 
-def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=60)
-
-
 def other_sides(root: Path) -> list[str]:
     """The commits being merged in: git names them in GITHEAD_<sha> while a merge driver runs."""
-    head = _git(root, "rev-parse", "-q", "--verify", "HEAD").stdout.strip()
+    head = git(root, "rev-parse", "HEAD").strip()
     found = [key[len("GITHEAD_") :] for key in sorted(os.environ) if key.startswith("GITHEAD_")]
-    found += [ref for ref in _OTHER_SIDE if _git(root, "rev-parse", "-q", "--verify", ref).returncode == 0]
+    for ref in _OTHER_SIDE:
+        try:
+            git(root, "rev-parse", "-q", "--verify", ref)
+            found.append(ref)
+        except UserError:
+            continue
     return [ref for ref in dict.fromkeys(found) if ref != head]
 
 
 def results_of_both_sides(project: Project) -> list[RunResults]:
     """This side's results (the working tree) and the other side's, one per run id."""
     mine = {r.run_id: r for r in load_all_results(project)}
-    prefix = _git(project.root, "rev-parse", "--show-prefix").stdout.strip()
-    folder = prefix + project.relative(project.results_dir)
     for ref in other_sides(project.root):
-        listing = _git(project.root, "ls-tree", "--name-only", f"{ref}:{folder}")
-        for name in listing.stdout.splitlines() if listing.returncode == 0 else []:
-            if name.endswith(".json") and Path(name).stem not in mine:
-                shown = f"{ref}:{folder}/{name}"
-                text = _git(project.root, "show", f"{ref}:{folder}/{name}").stdout
-                mine[Path(name).stem] = RunResults.from_json(json.loads(text), shown)
+        mine.update((r.run_id, r) for r in results_at(project, ref, skip=set(mine)))
     return [mine[k] for k in sorted(mine)]
 
 

@@ -331,15 +331,17 @@ def _1_to_2(old: dict) -> dict:
     return _results_1_to_2(old) if "hypotheses" in old else _execution_1_to_2(old)
 
 
+def _executions_in(old: dict) -> list[dict]:
+    """The execution records in either file: a results file's, or the execution.json itself."""
+    found = [x for h in old.get("hypotheses", []) for x in h.get("executions", [])] if "hypotheses" in old else [old]
+    return [x for x in found if isinstance(x, dict)]
+
+
 def _2_to_3(old: dict) -> dict:
     """Every earlier execution was one process: replicate 0, its fitness not judged."""
-    executions = (
-        [x for h in old.get("hypotheses", []) for x in h.get("executions", [])] if "hypotheses" in old else [old]
-    )
-    for x in executions:
-        if isinstance(x, dict):
-            x.setdefault("replicate", 0)
-            x.setdefault("unfit", None)
+    for x in _executions_in(old):
+        x.setdefault("replicate", 0)
+        x.setdefault("unfit", None)
     return old
 
 
@@ -354,12 +356,8 @@ def _3_to_4(old: dict) -> dict:
 
 def _4_to_5(old: dict) -> dict:
     """Every earlier execution ran on the run's own machine."""
-    executions = (
-        [x for h in old.get("hypotheses", []) for x in h.get("executions", [])] if "hypotheses" in old else [old]
-    )
-    for x in executions:
-        if isinstance(x, dict):
-            x.setdefault("host", None)
+    for x in _executions_in(old):
+        x.setdefault("host", None)
     return old
 
 

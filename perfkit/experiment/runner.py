@@ -367,10 +367,7 @@ def _execute_one(
     exec_dir = run_dir.execution_dir(planned.id)
     exec_dir.mkdir(parents=True, exist_ok=True)
     notebook = project.notebooks_dir / planned.notebook
-    env = {}
-    if not any(name in os.environ for name in fitness.THREAD_VARIABLES):  # the user's choice stands
-        threads = fitness.free_cores(sharing=options.jobs)
-        env.update({name: str(threads) for name in fitness.THREAD_VARIABLES})
+    env = fitness.thread_env(sharing=options.jobs)
     threads_text = env.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS")
     if options.profile == "torch":
         trace = exec_dir / "torch_trace.json"

@@ -37,6 +37,16 @@ def free_cores(*, sharing: int = 1, seconds: float = 0.2) -> int:
     return max(1, int(cores - busy + 0.5) // max(1, sharing))
 
 
+def thread_env(*, sharing: int = 1) -> dict[str, str]:
+    """Thread-pool variables giving a probe the free cores, unless the user set them (their choice stands)."""
+    import os
+
+    if any(name in os.environ for name in THREAD_VARIABLES):
+        return {}
+    threads = str(free_cores(sharing=sharing))
+    return {name: threads for name in THREAD_VARIABLES}
+
+
 BLOCK_S = 1.0  # foreign load is judged per second or so: the tree finds new processes once a second
 
 
