@@ -39,44 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="check every hypothesis record; exit 2 on any error; writes nothing")
     val.add_argument("--json", action="store_true", help="the records or the errors as JSON")
 
+    from perfkit.experiment import options
+
     run = sub.add_parser("run", help="execute probes, judge hypotheses, write results, plots and the ledger")
-    run.add_argument("ids", nargs="*", metavar="ID", help="hypotheses to run")
+    options.add_arguments(run)
     run.add_argument("--json", action="store_true", help="progress to stderr; the run's results as JSON on stdout")
-    run.add_argument("--all", action="store_true", help="run every hypothesis")
-    run.add_argument("--quick", action="store_true", help="use each probe's quick parameters")
-    run.add_argument("--jobs", type=int, default=1, help="probe executions at a time (default 1)")
-    run.add_argument("--param", action="append", default=[], metavar="K=V", help="override a probe parameter")
-    run.add_argument(
-        "--timeout", type=float, default=None, metavar="S", help="wall-clock limit per probe execution (default 600 s)"
-    )
-    run.add_argument("--force", action="store_true", help="re-execute probes even when a cached execution exists")
-    run.add_argument(
-        "--cluster",
-        metavar="ADDRESS",
-        help="run the probe executions on a Dask cluster: a scheduler address, or local:N for N local workers "
-        "(default: [tool.perfkit] cluster in pyproject.toml, else this machine)",
-    )
-    run.add_argument(
-        "--profile",
-        choices=["torch", "nsys"],
-        help="torch: a torch.profiler trace of each probe execution; nsys: run each under Nsight Systems",
-    )
-    run.add_argument(
-        "--replicates",
-        type=int,
-        default=None,
-        metavar="R",
-        help="independent kernel processes per probe execution (default 3 with --quick, else 5; "
-        "a record's probe.replicates can ask for more)",
-    )
-    run.add_argument(
-        "--max-replicates",
-        type=int,
-        default=None,
-        metavar="R",
-        help="add replicates, up to R, to verdicts more replicates would likely decide (default: none with --quick, "
-        "else 3x --replicates); intervals are then corrected for the extra looks",
-    )
+    run.add_argument("--junit", metavar="FILE", help="also write the verdicts as JUnit XML (a test case each) to FILE")
 
     dif = sub.add_parser("diff", help="what changed in the verdicts and measurements since BASE (a PR's view)")
     dif.add_argument(
@@ -95,7 +63,13 @@ def _parser() -> argparse.ArgumentParser:
     dif.add_argument(
         "--plots-url", default="hypotheses/ledger/", metavar="URL", help="prefix of the plot paths in --md"
     )
+    dif.add_argument("--junit", metavar="FILE", help="also write the changes as JUnit XML (a test case each) to FILE")
+    _review_commands(sub)
+    return parser
 
+
+def _review_commands(sub) -> None:
+    """The commands that read what runs stored."""
     jud = sub.add_parser("judge", help="verdicts from a probe notebook executed by hand (printed, never stored)")
     jud.add_argument("notebook", help="an executed notebook (papermill, nbconvert or a saved JupyterLab session)")
     jud.add_argument("--hypothesis", action="append", default=[], metavar="ID", help="judge against this one")
@@ -117,7 +91,6 @@ def _parser() -> argparse.ArgumentParser:
 
     for name, module in _DELEGATED.items():
         sub.add_parser(name, help=f"see `perfkit {name} --help` ({module})", add_help=False)
-    return parser
 
 
 def _delegated(argv: list[str]) -> tuple[str, list[str]] | None:
@@ -156,18 +129,29 @@ def _validate(project, args) -> int:
     return 0
 
 
-def _diff(project, args) -> int:
-    from perfkit.experiment import diff
+def _write_junit(path: str | None, xml: str) -> None:
+    from pathlib import Path
 
-    fail_on = diff.parse_fail_on(args.fail_on)
-    name, changes = diff.diff(project, args.base)
+    from perfkit.files import write_atomic
+
+    if path:
+        write_atomic(Path(path), xml)
+
+
+def _diff(project, args) -> int:
+    from perfkit.experiment import compare
+    from perfkit.experiment.outputs import diff, junit
+
+    fail_on = compare.parse_fail_on(args.fail_on)
+    name, changes = compare.diff(project, args.base)
     if args.json:
         print(json.dumps({"base": name, "changes": [c.to_json() for c in changes]}, indent=1))
     elif args.md:
         sys.stdout.write(diff.markdown(changes, name, plots_url=args.plots_url))
     else:
         sys.stdout.write(diff.text(changes, name))
-    bad = diff.failing(changes, fail_on)
+    _write_junit(args.junit, junit.diff_junit(changes, name, fail_on))
+    bad = compare.failing(changes, fail_on)
     if bad and not (args.json or args.md):
         print(f"failing: {', '.join(f'{c.id} ({c.kind})' for c in bad)} (--fail-on {args.fail_on})")
     return 1 if bad else 0
@@ -189,24 +173,13 @@ def _judge(project, args) -> int:
 
 
 def _run(project, args, argv) -> int:
-    from perfkit.experiment import runner
+    from perfkit.experiment import options, runner
+    from perfkit.experiment.outputs import junit
 
-    report = runner.run(
-        project,
-        ids=args.ids,
-        all_hypotheses=args.all,
-        quick=args.quick,
-        jobs=args.jobs,
-        overrides=runner.parse_overrides(args.param),
-        timeout_s=args.timeout if args.timeout is not None else runner.DEFAULT_TIMEOUT_S,
-        force=args.force,
-        profile=args.profile,
-        replicates=args.replicates,
-        max_replicates=args.max_replicates,
-        cluster=args.cluster,
-        command="perfkit " + shlex.join(argv),
-        **({"out": lambda line: print(line, file=sys.stderr)} if args.json else {}),
-    )
+    chosen = options.from_args(args, command="perfkit " + shlex.join(argv))
+    out = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    report = runner.run(project, chosen, out=out)
+    _write_junit(args.junit, junit.run_junit(report.results))
     if args.json:
         print(json.dumps(report.results.to_json() | {"exit_code": report.exit_code}, indent=1))
     return report.exit_code
@@ -234,7 +207,7 @@ def _ledger(project, args) -> int:
 def _report(project, args) -> int:
     from pathlib import Path
 
-    from perfkit.experiment import report
+    from perfkit.experiment.outputs import report
     from perfkit.experiment.results import load_all_results
 
     out = Path(args.out) if args.out else project.runs_dir / "report"
@@ -244,12 +217,12 @@ def _report(project, args) -> int:
 
 
 def _show(project, args) -> int:
-    from perfkit.experiment import ledger
+    from perfkit.experiment.outputs import show
 
     if args.json:
-        print(json.dumps(ledger.describe_json(project, args.id), indent=1, ensure_ascii=False))
+        print(json.dumps(show.describe_json(project, args.id), indent=1, ensure_ascii=False))
     else:
-        sys.stdout.write(ledger.describe(project, args.id))
+        sys.stdout.write(show.describe(project, args.id))
     return 0
 
 

@@ -46,23 +46,28 @@ def _is_module(name: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node of the tree except those under `if TYPE_CHECKING:` (imports for annotations only)."""
+def _nodes(tree: ast.AST, *, type_only: bool):
+    """Every node of the tree; without `type_only`, not those under `if TYPE_CHECKING:` (annotations only)."""
     todo = [tree]
     while todo:
         node = todo.pop()
         yield node
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+        if (
+            not type_only
+            and isinstance(node, ast.If)
+            and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+        ):
             todo.extend(node.orelse)
             continue
         todo.extend(ast.iter_child_nodes(node))
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every perfkit module `path` imports when it runs, at any depth (a `from a import b` of a submodule counts b)."""
+def imports_of(path: Path, *, type_only: bool = False) -> set[str]:
+    """Every perfkit module `path` imports when it runs, at any depth (a `from a import b` of a submodule counts b);
+    with `type_only`, the imports for annotations (under `if TYPE_CHECKING:`) too."""
     found = set()
     package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
-    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _nodes(ast.parse(path.read_text(encoding="utf-8")), type_only=type_only):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("perfkit.")}
         elif isinstance(node, ast.ImportFrom):
@@ -80,13 +85,14 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
-def graph() -> dict[str, set[str]]:
+def graph(*, type_only: bool = False) -> dict[str, set[str]]:
     out = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         name = _module_name(path)
         if name == "perfkit":  # the public API resolves its names lazily, from strings
             continue
-        out[name] = {m for m in imports_of(path) if m != name and not name.startswith(m + ".")}
+        imports = imports_of(path, type_only=type_only)
+        out[name] = {m for m in imports if m != name and not name.startswith(m + ".")}
     return out
 
 
@@ -144,6 +150,74 @@ def test_no_import_cycles():
     assert cycles(graph()) == []
 
 
+def test_no_cycles_through_imports_for_annotations_either():
+    """A loop that only `if TYPE_CHECKING:` closes is still two modules that cannot be read apart."""
+    assert cycles(graph(type_only=True)) == []
+
+
+def test_a_type_only_back_edge_is_seen():
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from perfkit.experiment import hypothesis\n"
+
+    def seen(type_only: bool) -> set[str]:
+        return {
+            f"{n.module}.{a.name}"
+            for n in _nodes(ast.parse(source), type_only=type_only)
+            if isinstance(n, ast.ImportFrom)
+            for a in n.names
+        }
+
+    assert seen(type_only=False) == {"typing.TYPE_CHECKING"}
+    assert "perfkit.experiment.hypothesis" in seen(type_only=True)
+    loop = {"perfkit.experiment.verdict": {"perfkit.experiment.hypothesis"}, "perfkit.experiment.hypothesis": set()}
+    loop["perfkit.experiment.hypothesis"].add("perfkit.experiment.verdict")  # the old type-only loop, closed
+    assert cycles(loop) == [["perfkit.experiment.hypothesis", "perfkit.experiment.verdict"]]
+
+
+#: Limits that keep every module readable in one sitting (issue 18).
+MOST_MODULE_LINES = 500
+MOST_FUNCTION_LINES = 80
+MOST_PARAMETERS = 6  # in the experiment package, where contexts and records replace long parameter lists
+
+
+def oversized(path: Path, shown: str | None = None) -> list[str]:
+    """What in one module breaks the size limits (`shown`: its path under the repository, when it is elsewhere)."""
+    text = path.read_text(encoding="utf-8")
+    shown = shown or path.relative_to(PACKAGE.parent).as_posix()
+    found = []
+    if len(text.splitlines()) > MOST_MODULE_LINES:
+        found.append(f"{shown}: {len(text.splitlines())} lines")
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        length = node.end_lineno - node.lineno + 1
+        if length > MOST_FUNCTION_LINES:
+            found.append(f"{shown}:{node.lineno}: {node.name} is {length} lines")
+        a = node.args
+        names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs if x.arg not in ("self", "cls")]
+        names += ["*args"] * bool(a.vararg) + ["**kwargs"] * bool(a.kwarg)
+        if "/experiment/" in f"/{shown}" and len(names) > MOST_PARAMETERS:
+            found.append(f"{shown}:{node.lineno}: {node.name} takes {len(names)} parameters")
+    return found
+
+
+def test_no_module_function_or_parameter_list_outgrows_its_limit():
+    paths = sorted(PACKAGE.rglob("*.py"))
+    assert len(paths) > 40
+    assert [problem for path in paths for problem in oversized(path)] == []
+
+
+def test_the_size_check_catches_each_kind_of_growth(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MOST_FUNCTION_LINES))
+    fake = tmp_path / "big.py"
+    fake.write_text(f"def long():\n{body}\n\n\ndef wide(a, b, c, d, e, f, *, g):\n    pass\n" + "#\n" * 500)
+    found = oversized(PACKAGE / "experiment" / "verdict.py") + oversized(fake, "perfkit/experiment/big.py")
+    assert [p.split(": ", 1)[1] for p in found] == [
+        f"{MOST_MODULE_LINES + MOST_FUNCTION_LINES + 5} lines",
+        f"long is {MOST_FUNCTION_LINES + 1} lines",
+        "wide takes 7 parameters",
+    ]
+
+
 def test_the_checks_catch_a_wrong_direction_and_a_cycle():
     edges = {
         "perfkit.engine.decode": {"perfkit.experiment.runner"},  # the engine reaching into the experiment
@@ -159,12 +233,10 @@ def test_the_checks_catch_a_wrong_direction_and_a_cycle():
 
 
 def test_function_level_and_submodule_imports_are_seen():
-    imports = imports_of(PACKAGE / "experiment" / "runner.py")
+    imports = imports_of(PACKAGE / "experiment" / "schedule.py")
     assert "perfkit.experiment.execute" in imports  # `from perfkit.experiment import execute as executor`
     assert "perfkit.machine.utilization" in imports
-    assert "perfkit.experiment.hypothesis" not in imports_of(
-        PACKAGE / "experiment" / "verdict.py"
-    )  # TYPE_CHECKING only
+    assert "perfkit.experiment.hypothesis" not in imports_of(PACKAGE / "experiment" / "verdict.py")  # nor for types
 
 
 def test_every_shipped_probe_imports_what_exists():
@@ -204,7 +276,9 @@ def test_every_shipped_probe_types_its_parameters_for_papermill():
     """`papermill --help-notebook` shows each parameter's type; `-y 'contexts: [8192]'` passes a list."""
     import papermill
 
-    for path in sorted((PACKAGE.parent / "notebooks").glob("*.ipynb")):
+    notebooks = sorted((PACKAGE.parent / "notebooks").glob("*.ipynb"))
+    assert notebooks
+    for path in notebooks:
         untyped = [
             name for name, d in papermill.inspect_notebook(str(path)).items() if d["inferred_type_name"] == "None"
         ]

@@ -7,8 +7,9 @@ import nbformat
 import pytest
 
 from perfkit.cli import main
-from perfkit.experiment import runner
+from perfkit.experiment import profiling
 from perfkit.experiment.execute import ensure_kernelspec
+from perfkit.experiment.options import parse_overrides
 
 FIXTURE_NOTEBOOK = Path(__file__).parent / "fixtures" / "project" / "notebooks" / "fixture_probe.ipynb"
 
@@ -34,14 +35,14 @@ def test_user_errors_print_without_traceback(tmp_path, capsys):
 
 
 def test_overrides_are_read_as_yaml():
-    assert runner.parse_overrides(["ctx=4096", "scale=0.5", "name=abc", "flag=true"]) == {
+    assert parse_overrides(["ctx=4096", "scale=0.5", "name=abc", "flag=true"]) == {
         "ctx": 4096,
         "scale": 0.5,
         "name": "abc",
         "flag": True,
     }
     with pytest.raises(Exception, match="NAME=VALUE"):
-        runner.parse_overrides(["ctx"])
+        parse_overrides(["ctx"])
 
 
 def test_kernelspec_points_at_this_interpreter(tmp_path):
@@ -52,15 +53,15 @@ def test_kernelspec_points_at_this_interpreter(tmp_path):
 
 
 def test_profile_cells_are_injected_after_parameters_and_at_the_end(tmp_path):
-    out = runner._profiled_notebook(FIXTURE_NOTEBOOK, tmp_path / "input.ipynb", "/x/torch_trace.json")
+    out = profiling.profiled_notebook(FIXTURE_NOTEBOOK, tmp_path / "input.ipynb", "/x/torch_trace.json")
     nb = nbformat.read(str(out), as_version=4)
     tags = [c.metadata.get("tags", []) for c in nb.cells]
     index = next(i for i, t in enumerate(tags) if "parameters" in t)
     assert (
-        tags[index + 1] == [runner.INJECTED_TAG]
+        tags[index + 1] == [profiling.INJECTED_TAG]
         and "perfkit.probe.profiler.start('/x/torch_trace.json')" in nb.cells[index + 1].source
     )
-    assert tags[-1] == [runner.INJECTED_TAG] and nb.cells[-1].source == "perfkit.probe.profiler.stop()"
+    assert tags[-1] == [profiling.INJECTED_TAG] and nb.cells[-1].source == "perfkit.probe.profiler.stop()"
 
 
 def test_import_perfkit_is_cheap_and_public_names_resolve():

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from records import run
 
 from perfkit.cli import main
 from perfkit.errors import UserError
-from perfkit.experiment import cluster, runner
+from perfkit.experiment import cluster, runner, schedule
 from perfkit.paths import Project
 
 FIXTURES = Path(__file__).parent / "fixtures" / "project"
@@ -23,7 +24,7 @@ def project(tmp_path, monkeypatch) -> Project:
     root = tmp_path / "project"
     shutil.copytree(FIXTURES, root)
     monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    monkeypatch.setattr(runner.fitness, "unfit", lambda trace, window=None: None)  # the suite shares the machine
+    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None: None)  # the suite shares the machine
     return Project(root)
 
 
@@ -36,9 +37,9 @@ def test_a_local_cluster_gives_the_verdicts_of_a_local_run(project):
 
     environ = dict(os.environ)
     lines: list[str] = []
-    here = runner.run(project, ids=QUICK, quick=True, replicates=2, timeout_s=60, out=lines.append)
+    here = run(project, ids=QUICK, quick=True, replicates=2, timeout_s=60, out=lines.append)
     # two rounds of replicates: the second must still find what the first shipped to the workers
-    there = runner.run(project, ids=QUICK, quick=True, replicates=2, timeout_s=60, cluster="local:2", out=lines.append)
+    there = run(project, ids=QUICK, quick=True, replicates=2, timeout_s=60, cluster="local:2", out=lines.append)
     assert dict(os.environ) == environ  # Dask's settings for its workers (OMP_NUM_THREADS=1, ...) stay out of ours
     assert there.executed == here.executed == 8 and there.reused == 0  # measured there, not reused from here
     assert {k: v[0] for k, v in verdicts(there).items()} == {k: v[0] for k, v in verdicts(here).items()}, (
@@ -84,7 +85,7 @@ def test_a_worker_lost_twice_gives_worker_lost_and_the_other_verdicts_stand(proj
     killer = threading.Thread(target=_kill_workers_running, args=("sleep", 2, stop, killed), daemon=True)
     killer.start()
     try:
-        report = runner.run(
+        report = run(
             project,
             ids=["fx-sleeps", "fx-cost-confirmed", "fx-share"],
             quick=True,
@@ -123,18 +124,17 @@ def test_rounds_of_executions_on_one_client_each_find_their_input(project, tmp_p
         ended = []
         for round_ in range(5):  # one right after another, as a run's rounds of replicates go
             planned = Execution(key=f"k{round_}", notebook="fixture_probe.ipynb", params={"mode": "ok", "n": 1000})
+            request = cluster.Request(planned, tmp_path / f"r{round_}", extra=None, resources={})
             cluster.execute(
                 client,
                 project,
-                [(planned, tmp_path / f"r{round_}", None, {})],
-                run_id="test",
-                timeout_s=60,
-                env={},
+                cluster.Round(run_id="test", timeout_s=60, requests=[request]),
                 started=lambda x, how: None,
-                ended=lambda x, got, trace: ended.append(got),
+                ended=lambda x, got: ended.append(got),
             )
-        assert [e.status for e in ended] == ["ok"] * 5, [e.reason for e in ended]
-        assert all(len(e.records) == 8 and e.host for e in ended)
+        assert [e.execution.status for e in ended] == ["ok"] * 5, [e.execution.reason for e in ended]
+        assert all(len(e.execution.records) == 8 and e.execution.host for e in ended)
+        assert all(e.cells and e.trace for e in ended)  # when each cell ran, and the machine meanwhile, came back
     finally:
         cluster.close(client)
 

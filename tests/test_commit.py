@@ -2,6 +2,7 @@
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -10,11 +11,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+import records
+from records import of
 
 from perfkit.cli import main
-from perfkit.experiment import commit, ledger, runner
+from perfkit.experiment import commit, rundir, runner, schedule
 from perfkit.experiment.hypothesis import load_hypotheses
-from perfkit.experiment.results import HypothesisResult, Measured, RunResults, load_all_results
+from perfkit.experiment.outputs import ledger
+from perfkit.experiment.results import RunResults, load_all_results
 from perfkit.paths import Project
 
 FIXTURES = Path(__file__).parent / "fixtures" / "project"
@@ -30,31 +34,7 @@ def project(tmp_path) -> Project:
 
 
 def run_results(project, run_id, value) -> RunResults:
-    entries = []
-    for h in load_hypotheses(project):
-        entries.append(
-            HypothesisResult(
-                id=h.id,
-                hash=h.hash,
-                claim=h.claim,
-                kind=h.expect.kind,
-                expected="≈ 1 ms (×2)",
-                verdict="confirmed",
-                reason=None,
-                measured=Measured(label="mean", unit="ms", value=value, low=value * 0.9, high=value * 1.1),
-                off_by=None,
-                plot=f"plots/{h.id}.png",
-            )
-        )
-    return RunResults(
-        run_id=run_id,
-        created="2025-01-01T00:00:00Z",
-        command="perfkit run",
-        quick=True,
-        git_commit=None,
-        git_dirty=None,
-        hypotheses=tuple(entries),
-    )
+    return records.run_results(run_id, *(of(h, "confirmed", value, executions=()) for h in load_hypotheses(project)))
 
 
 def staged(project, results: RunResults) -> None:
@@ -146,21 +126,30 @@ def test_a_killed_runs_manifest_is_marked_by_the_next_run(project):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     started = psutil.Process(dead.pid).create_time()
     dead.wait()
-    alive = {"host": runner.platform.node(), "pid": os.getpid(), "started": psutil.Process().create_time()}
+    alive = {"host": platform.node(), "pid": os.getpid(), "started": psutil.Process().create_time()}
+    gone = {**alive, "pid": dead.pid, "started": started}
     manifests = {
-        "20250101-000001": {"status": "running", "process": {**alive, "pid": dead.pid, "started": started}},
-        "20250101-000002": {"status": "running", "process": alive},  # still going: left alone
-        "20250101-000003": {"status": "running", "process": {**alive, "host": "another-host"}},  # cannot tell
-        "20250101-000004": {"status": "finished", "process": {**alive, "pid": dead.pid, "started": started}},
+        "20250101-000001": {"status": "running", "process": gone, "format_version": 3},
+        "20250101-000002": {"status": "running", "process": alive, "format_version": 3},  # still going: left alone
+        "20250101-000003": {"status": "running", "process": {**alive, "host": "another-host"}, "format_version": 3},
+        "20250101-000004": {"status": "finished", "process": gone, "format_version": 3},
+        "20250101-000005": {"status": "running", "process": gone, "format_version": 1, "git": {"commit": "abc"}},
+        "20250101-000006": {"status": "running", "process": gone, "format_version": 99},  # newer: not ours to rewrite
+        "20250101-000007": {"status": "running", "process": gone},  # no version: unreadable, left as it is
     }
     for run_id, manifest in manifests.items():
         (project.runs_dir / run_id).mkdir(parents=True)
         (project.runs_dir / run_id / "manifest.json").write_text(json.dumps(manifest))
-    assert runner.mark_killed_runs(project, by="20250101-000009") == ["20250101-000001"]
+    assert rundir.mark_killed_runs(project, by="20250101-000009") == ["20250101-000001", "20250101-000005"]
     got = {p.parent.name: json.loads(p.read_text()) for p in project.runs_dir.glob("*/manifest.json")}
     assert got["20250101-000001"]["status"] == "killed"
+    assert got["20250101-000001"]["format_version"] == rundir.MANIFEST_VERSION
     assert f"process {dead.pid} ended without finishing" in got["20250101-000001"]["killed_note"]
-    assert [got[r]["status"] for r in sorted(got)][1:] == ["running", "running", "finished"]
+    upgraded = got["20250101-000005"]  # upgraded before it was written at the current version
+    assert upgraded["format_version"] == rundir.MANIFEST_VERSION and "git" not in upgraded
+    assert upgraded["environment"]["perfkit"]["git"] == {"commit": "abc"}
+    assert [got[r]["status"] for r in sorted(got)][1:4] == ["running", "running", "finished"]
+    assert got["20250101-000006"] == manifests["20250101-000006"] and got["20250101-000007"]["status"] == "running"
 
 
 def test_a_folder_a_run_cannot_write_stops_it_before_any_probe(project, capsys):
@@ -177,12 +166,12 @@ def test_a_full_disk_stops_a_run_with_one_line_and_keeps_what_was_measured(proje
     import errno
 
     monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    monkeypatch.setattr(runner.fitness, "unfit", lambda trace, window=None: None)
+    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None: None)
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(project.results_dir / "x.json"))
 
-    monkeypatch.setattr(runner.commit, "apply", full)
+    monkeypatch.setattr(commit, "apply", full)
     code = main(["--root", str(project.root), "run", "fx-cost-confirmed", "--quick", "--replicates", "1"])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err

@@ -7,45 +7,23 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import records
+from records import of
 
 from perfkit.cli import main
-from perfkit.experiment import diff, results
+from perfkit.experiment import compare as diff
 from perfkit.experiment.hypothesis import load_hypotheses
-from perfkit.experiment.results import Execution, HypothesisResult, Measured, RunResults
 from perfkit.paths import Project
 
 FIXTURES = Path(__file__).parent / "fixtures" / "project"
 
 
-def result(h, verdict, value, run_id, width=0.1) -> HypothesisResult:
-    return HypothesisResult(
-        id=h.id,
-        hash=h.hash,
-        claim=h.claim,
-        kind=h.expect.kind,
-        expected="≈ 1 ms (×2)",
-        verdict=verdict,
-        reason=None,
-        measured=Measured(label="mean", unit="ms", value=value, low=value * (1 - width), high=value * (1 + width)),
-        off_by=None,
-        plot=f"plots/{h.id}.png",
-        executions=(Execution(key=run_id, notebook="fixture_probe.ipynb", params={}, status="ok", run_id=run_id),),
-    )
+def result(h, verdict, value, run_id, width=0.1):
+    return of(h, verdict, value, run_id, width=width)
 
 
 def store(project, run_id, entries):
-    results.write_results(
-        project,
-        RunResults(
-            run_id=run_id,
-            created="2025-01-01T00:00:00Z",
-            command="perfkit run",
-            quick=True,
-            git_commit=None,
-            git_dirty=None,
-            hypotheses=tuple(entries),
-        ),
-    )
+    records.store(project, run_id, *entries)
 
 
 def git(root, *args):
@@ -65,33 +43,21 @@ def project(tmp_path) -> Project:
 def test_compare_orders_flips_first_and_moves_only_beyond_both_intervals(project):
     hs = {h.id: h for h in load_hypotheses(project)}
     base = [
-        RunResults(
+        records.run_results(
             "1",
-            "c",
-            "perfkit run",
-            True,
-            None,
-            None,
-            tuple(
+            *(
                 result(hs[i], "confirmed", 1.0, "1")
                 for i in ("fx-cost-confirmed", "fx-floor", "fx-share", "fx-scaling")
             ),
         )
     ]
     current = base + [
-        RunResults(
+        records.run_results(
             "2",
-            "c",
-            "perfkit run",
-            True,
-            None,
-            None,
-            (
-                result(hs["fx-cost-confirmed"], "refuted", 3.0, "2"),  # flip
-                result(hs["fx-floor"], "confirmed", 1.15, "2"),  # inside the noise: unchanged
-                result(hs["fx-share"], "confirmed", 2.0, "2"),  # beyond both intervals: moved 2x
-                result(hs["fx-speedup"], "confirmed", 1.0, "2"),  # new
-            ),
+            result(hs["fx-cost-confirmed"], "refuted", 3.0, "2"),  # flip
+            result(hs["fx-floor"], "confirmed", 1.15, "2"),  # inside the noise: unchanged
+            result(hs["fx-share"], "confirmed", 2.0, "2"),  # beyond both intervals: moved 2x
+            result(hs["fx-speedup"], "confirmed", 1.0, "2"),  # new
         )
     ]
     changes = diff.compare(base, current)

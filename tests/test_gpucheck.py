@@ -14,7 +14,10 @@ from perfkit.probe import spans
 from perfkit.probe.timing import bench
 
 
-def test_without_cuda_it_refuses_in_one_line_and_writes_nothing(tmp_path):
+def test_without_cuda_it_refuses_in_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", None)  # a CPU-only build, even on a machine that has a GPU
     out = tmp_path / "report"
     with pytest.raises(UserError) as err:
         gpucheck.main(["--out", str(out)])
@@ -105,6 +108,8 @@ def test_bench_cuda_clocks_need_a_cuda_device(monkeypatch):
 def test_nvtx_check_with_cuda_absent_reports_it_and_spans_push_nothing(monkeypatch):
     import torch
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # absent, even on a machine that has one
+    monkeypatch.setattr(spans, "_cuda_available", False)
     pushed = []
     monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda msg: pushed.append(msg))
     result = gpucheck.nvtx_check(torch.cuda)

@@ -159,11 +159,12 @@ def test_a_probe_linked_from_outside_and_dangling_records_are_errors(tmp_path, c
 def test_a_parameter_override_gets_the_same_checks(tmp_path):
     from perfkit.errors import UserError
     from perfkit.experiment import runner
+    from perfkit.experiment.options import RunOptions, parse_overrides
     from perfkit.paths import Project
 
     root = valid_project(tmp_path, RECORD.format(value=1, notebook="fixture_probe.ipynb", n=1000))
     with pytest.raises(UserError, match="not a finite number"):
-        runner.run(Project(root), ids=["h"], overrides=runner.parse_overrides(["n=.inf"]), out=lambda s: None)
+        runner.run(Project(root), RunOptions(ids=("h",), overrides=parse_overrides(["n=.inf"])), out=lambda s: None)
 
 
 @pytest.mark.parametrize(
@@ -213,7 +214,7 @@ def test_a_duplicated_hypothesis_in_a_results_file_is_refused(tmp_path):
 
 def test_results_and_plots_are_never_written_through_a_link_out_of_the_project(tmp_path):
     from perfkit.errors import UserError
-    from perfkit.experiment import ledger
+    from perfkit.experiment.outputs import ledger
     from perfkit.paths import Project
 
     root = valid_project(tmp_path / "p", RECORD.format(value=1, notebook="fixture_probe.ipynb", n=1000))

@@ -3,30 +3,17 @@ process, heavy tails, and machine load. A confirmed or refuted verdict that cont
 is the worst bug perfkit can have; inconclusive is the honest answer when the evidence is thin."""
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
+from records import execution, hypothesis, result
 
-from perfkit.experiment import runner
-from perfkit.experiment.hypothesis import Hypothesis, Probe
+from perfkit.experiment import replicates as policy
+from perfkit.experiment.judging import judge, not_reproduced
 from perfkit.experiment.kinds import expectation
-from perfkit.experiment.results import Execution, HypothesisResult, Measured
-from perfkit.experiment.verdict import Judgement, Verdict, judge
+from perfkit.experiment.results import Execution
+from perfkit.experiment.verdict import Judgement, Verdict
 from perfkit.samples import MetricRecord
-
-
-def hypothesis(expect):
-    return Hypothesis(
-        id="h",
-        claim="c",
-        rationale="r",
-        expect=expect,
-        probe=Probe(notebook="p.ipynb"),
-        tags=(),
-        path=Path("h.yaml"),
-        hash="0",
-    )
 
 
 def process(rng, mean, n=40, *, offset_sd=0.05, rho=0.6, df=4):
@@ -41,17 +28,9 @@ def process(rng, mean, n=40, *, offset_sd=0.05, rho=0.6, df=4):
 
 def replicates(rng, metrics: dict[str, float], r: int, **shape) -> list[Execution]:
     return [
-        Execution(
-            key="k",
-            notebook="p.ipynb",
-            params={},
-            status="ok",
-            wall_s=1.0,
-            run_id="run",
+        execution(
+            *(MetricRecord(name=n, unit="ms", samples=tuple(process(rng, m, **shape))) for n, m in metrics.items()),
             replicate=i,
-            records=tuple(
-                MetricRecord(name=n, unit="ms", samples=tuple(process(rng, m, **shape))) for n, m in metrics.items()
-            ),
         )
         for i in range(r)
     ]
@@ -95,15 +74,7 @@ def test_one_process_with_a_big_offset_is_not_taken_for_the_truth():
     bound = expectation(kind="at_most", metric="t", unit="ms", value=10.0)
     rng = np.random.default_rng(3)
     slow_process = [process(rng, 9.5 * 1.08, offset_sd=0.0, rho=0.0) for _ in range(1)]
-    one = Execution(
-        key="k",
-        notebook="p.ipynb",
-        params={},
-        status="ok",
-        wall_s=1.0,
-        run_id="r",
-        records=(MetricRecord(name="t", unit="ms", samples=tuple(slow_process[0])),),
-    )
+    one = execution(MetricRecord(name="t", unit="ms", samples=tuple(slow_process[0])))
     assert judge(hypothesis(bound), [one]).verdict is Verdict.REFUTED  # what one process says
     others = replicates(rng, {"t": 9.5}, 2, offset_sd=0.0, rho=0.0)
     with_others = [one, *(Execution(**{**x.__dict__, "replicate": i + 1}) for i, x in enumerate(others))]
@@ -135,56 +106,51 @@ def test_an_inconclusive_verdict_says_what_would_decide_it():
 
 
 def test_growing_a_plan_follows_what_would_decide_and_stops_at_the_most():
-    plan = runner.Plan(
-        executions=(Execution(key="k", notebook="p.ipynb", params={}),), needs={"h": ("k",)}, replicates={"k": 3}
-    )
-    item = runner.Judged(
-        hypothesis=hypothesis(expectation(kind="at_most", metric="t", unit="ms", value=1.0)),
-        judgement=Judgement(verdict=Verdict.INCONCLUSIVE, reason="straddles", expected="", needed=7),
-        executions=(),
-        points=(),
-    )
-    assert runner._grow(plan, [item], most=15).replicates == {"k": 7}
-    assert runner._grow(plan, [item], most=5).replicates == {"k": 5}
-    decided = runner.Judged(
-        **{**item.__dict__, "judgement": Judgement(verdict=Verdict.CONFIRMED, reason=None, expected="")}
-    )
-    assert runner._grow(plan, [decided], most=15) is None
+    undecided = {"h": Judgement(verdict=Verdict.INCONCLUSIVE, reason="straddles", expected="", needed=7)}
+    assert policy.Policy(first=3, most=15).grow({"k": 3}, {"h": ("k",)}, undecided) == {"k": 7}
+    assert policy.Policy(first=3, most=5).grow({"k": 3}, {"h": ("k",)}, undecided) == {"k": 5}
+    decided = {"h": Judgement(verdict=Verdict.CONFIRMED, reason=None, expected="")}
+    assert policy.Policy(first=3, most=15).grow({"k": 3}, {"h": ("k",)}, decided) is None
+    near = {"h": Judgement(verdict=Verdict.INCONCLUSIVE, reason="straddles", expected="", needed=2)}
+    assert policy.Policy(first=3, most=15).grow({"k": 3}, {"h": ("k",)}, near) == {"k": 4}  # at least one more
+
+
+def test_the_policy_says_why_a_run_stopped_adding_replicates():
+    p = policy.Policy(first=3, most=9)
+    straddles = Judgement(verdict=Verdict.INCONCLUSIVE, reason="straddles", expected="", needed=7)
+    assert p.stopped(Judgement(verdict=Verdict.REFUTED, reason=None, expected=""), [3]) == "decided at 3 replicates"
+    assert p.stopped(straddles, [9]) == "reached --max-replicates (9)"
+    assert "--max-replicates allows 9" in p.stopped(straddles, [7])
+    too_close = Judgement(verdict=Verdict.INCONCLUSIVE, reason="too close", expected="", needed=None)
+    assert p.stopped(too_close, [3]).startswith("more replicates would not decide it")
+    busy = Judgement(verdict=Verdict.INCONCLUSIVE, reason="the machine was not fit to measure on: x", expected="")
+    assert p.stopped(busy, [3]) == "the machine was busy; 3 ran"
+    assert "would let the run add more" in policy.Policy(first=3, most=3).stopped(straddles, [3])
 
 
 def test_not_reproduced_only_when_nothing_changed_and_the_intervals_are_disjoint():
-    def result(low, high, key="k", hash="0"):
-        return HypothesisResult(
-            id="h",
-            hash=hash,
-            claim="c",
-            kind="at_most",
-            expected="",
-            verdict="confirmed",
-            reason=None,
-            measured=Measured(label="mean", unit="ms", value=(low + high) / 2, low=low, high=high),
-            off_by=None,
-            executions=(Execution(key=key, notebook="p.ipynb", params={}),),
-        )
+    def measured(low, high, key="k", hash="0"):
+        return result("h", "confirmed", (low + high) / 2, key, hash=hash, width=(high - low) / (low + high))
 
-    assert runner.not_reproduced(result(1.0, 2.0), result(2.5, 3.0), "r1").startswith("run r1 measured")
-    assert runner.not_reproduced(result(1.0, 2.0), result(1.5, 3.0), "r1") is None  # overlapping
-    assert runner.not_reproduced(result(1.0, 2.0), result(2.5, 3.0, key="other"), "r1") is None  # code changed
-    assert runner.not_reproduced(result(1.0, 2.0), result(2.5, 3.0, hash="1"), "r1") is None  # record changed
-    assert runner.not_reproduced(result(1.0, 2.0), None, "r1") is None
+    assert not_reproduced(measured(1.0, 2.0), measured(2.5, 3.0), "r1").startswith("run r1 measured")
+    assert not_reproduced(measured(1.0, 2.0), measured(1.5, 3.0), "r1") is None  # overlapping
+    assert not_reproduced(measured(1.0, 2.0), measured(2.5, 3.0, key="other"), "r1") is None  # code changed
+    assert not_reproduced(measured(1.0, 2.0), measured(2.5, 3.0, hash="1"), "r1") is None  # record changed
+    assert not_reproduced(measured(1.0, 2.0), None, "r1") is None
 
 
 def test_a_run_that_may_look_again_spends_its_error_rate_across_the_looks():
-    quick = runner.RunOptions(quick=True)
-    full = runner.RunOptions(quick=False)
-    assert quick.confidence() == 0.95 and quick.replicates_most() == 3
-    assert full.replicates_most() == 15 and full.confidence() == pytest.approx(1 - 0.05 / 3)  # wider
+    quick = policy.policy(quick=True, replicates=None, max_replicates=None)
+    full = policy.policy(quick=False, replicates=None, max_replicates=None)
+    assert quick.confidence() == 0.95 and quick.most == 3 and quick.looks == 1
+    assert full.most == 15 and full.looks == 3 and full.confidence() == pytest.approx(1 - 0.05 / 3)  # wider
+    assert policy.policy(quick=True, replicates=4, max_replicates=2).most == 4  # never fewer than planned
     bound = expectation(kind="at_most", metric="t", unit="ms", value=10.0)
     reps = replicates(np.random.default_rng(4), {"t": 9.0}, 5)
     wide = judge(hypothesis(bound), reps, confidence=full.confidence())
     narrow = judge(hypothesis(bound), reps)
     assert wide.measured.high - wide.measured.low > narrow.measured.high - narrow.measured.low
-    assert "the run looked more than once" in wide.measured.evidence()
+    assert "the run looked more than once" in wide.measured.evidence() and wide.measured.level() == "98.3%"
 
 
 def test_a_forecast_picks_the_edge_the_estimate_must_clear():

@@ -3,11 +3,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import records
+from records import of
 
 from perfkit.cli import main
-from perfkit.experiment import ledger, results
+from perfkit.experiment import history, results
 from perfkit.experiment.hypothesis import load_hypotheses
-from perfkit.experiment.results import HypothesisResult, Measured, RunResults
+from perfkit.experiment.outputs import ledger
 from perfkit.paths import Project
 
 FIXTURES = Path(__file__).parent / "fixtures" / "project"
@@ -22,35 +24,12 @@ def project(tmp_path) -> Project:
     return Project(tmp_path)
 
 
-def result(h, verdict, value, run_id) -> HypothesisResult:
-    return HypothesisResult(
-        id=h.id,
-        hash=h.hash,
-        claim=h.claim,
-        kind=h.expect.kind,
-        expected="≈ 1 ms (×2)",
-        verdict=verdict,
-        reason=None,
-        measured=Measured(label="mean", unit="ms", value=value, low=value * 0.9, high=value * 1.1),
-        off_by=f"{value}x off",
-        plot=f"plots/{h.id}.png",
-    )
+def result(h, verdict, value, run_id):
+    return of(h, verdict, value, run_id, off_by=f"{value}x off", executions=())
 
 
 def store(project, run_id, entries, profile=None):
-    results.write_results(
-        project,
-        RunResults(
-            profile=profile,
-            run_id=run_id,
-            created="2025-01-01T00:00:00Z",
-            command="perfkit run",
-            quick=True,
-            git_commit=None,
-            git_dirty=None,
-            hypotheses=tuple(entries),
-        ),
-    )
+    records.store(project, run_id, *entries, profile=profile)
     for e in entries:
         (project.plots_dir).mkdir(parents=True, exist_ok=True)
         (project.ledger_dir / e.plot).write_bytes(b"png")
@@ -79,7 +58,7 @@ def test_ledger_is_sorted_deterministic_and_marks_flips(project, capsys):
 
 
 def test_history_shows_the_last_measurements_and_every_flip_and_collapses_the_rest(project):
-    from perfkit.experiment.ledger import SHOWN_HISTORY
+    from perfkit.experiment.outputs.ledger import SHOWN_HISTORY
 
     h = next(h for h in load_hypotheses(project) if h.id == "fx-cost-confirmed")
     verdicts = ["refuted"] + ["confirmed"] * (SHOWN_HISTORY + 3)
@@ -100,7 +79,7 @@ def test_a_run_that_reused_everything_adds_no_history_row_and_profiled_runs_neve
     again = replace(measured, executions=(replace(execution, reused=True),))
     store(project, "20250101-000001", [measured])
     store(project, "20250101-000002", [again])  # every execution reused, the same verdict: no new row
-    entries = ledger.history(results.load_all_results(project))["fx-cost-confirmed"]
+    entries = history.history(results.load_all_results(project))["fx-cost-confirmed"]
     assert [e.run_id for e in entries] == ["20250101-000001"]
     profiled = replace(result(h, "refuted", 5.0, "3"), executions=(replace(execution, key="p", run_id="3"),))
     store(project, "20250101-000003", [profiled], profile="torch")

@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from perfkit.experiment import ledger, results
+import records
+from records import of
+
 from perfkit.experiment.hypothesis import load_hypotheses
-from perfkit.experiment.results import HypothesisResult, Measured, RunResults, load_all_results
+from perfkit.experiment.outputs import ledger
+from perfkit.experiment.results import load_all_results
 from perfkit.paths import Project
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,23 +23,8 @@ def git(repo, *args, check=True):
 
 def judged(project, run_id, verdicts):
     hs = {h.id: h for h in load_hypotheses(project)}
-    entries = [
-        HypothesisResult(
-            id=hid,
-            hash=hs[hid].hash,
-            claim=hs[hid].claim,
-            kind=hs[hid].expect.kind,
-            expected="≈ 1 ms (×2)",
-            verdict=verdict,
-            reason=None,
-            measured=Measured(label="mean", unit="ms", value=value, low=value * 0.9, high=value * 1.1),
-            off_by=None,
-        )
-        for hid, (verdict, value) in verdicts.items()
-    ]
-    results.write_results(
-        project, RunResults(run_id, "2025-01-01T00:00:00Z", "perfkit run", True, None, None, tuple(entries))
-    )
+    entries = [of(hs[hid], verdict, value, plot=None, executions=()) for hid, (verdict, value) in verdicts.items()]
+    records.store(project, run_id, *entries)
     ledger.write(project)
 
 

@@ -1,34 +1,25 @@
-from pathlib import Path
-
 import numpy as np
 import pytest
+from records import execution, hypothesis
 
-from perfkit.experiment.hypothesis import Hypothesis, Probe, Sweep
+from perfkit.experiment import plots
+from perfkit.experiment.hypothesis import Sweep
+from perfkit.experiment.judging import judged
 from perfkit.experiment.kinds import expectation
-from perfkit.experiment.plots import plot_verdict
-from perfkit.experiment.results import Execution
-from perfkit.experiment.verdict import effective_points, judge
 from perfkit.samples import MetricRecord
 
 
 def case(expect, records_by_params, sweep=None):
-    h = Hypothesis(
-        id="h",
-        claim="c",
-        rationale="r",
-        expect=expect,
-        probe=Probe(notebook="p.ipynb", sweep=sweep),
-        tags=(),
-        path=Path("h.yaml"),
-        hash="0",
-    )
+    h = hypothesis(expect, sweep)
     executions = [
-        Execution(
-            key=str(i), notebook="p.ipynb", params=params, status="ok", wall_s=1.0, run_id="r", records=tuple(records)
-        )
-        for i, (params, records) in enumerate(records_by_params)
+        execution(*records, key=str(i), params=params) for i, (params, records) in enumerate(records_by_params)
     ]
-    return h, judge(h, executions), effective_points(executions, sweep.param if sweep else None)
+    item = judged(h, executions)
+    return h, item.judgement, list(item.points)
+
+
+def plot_verdict(h, j, points, path, *, dpi=plots.DPI):
+    return plots.write_plot(path, plots.render(h.id, j, points, h.expect.plot, dpi=dpi))
 
 
 def noisy(name, mean, unit="ms", n=20, seed=0):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from perfkit.cli import main
-from perfkit.experiment import report
+from perfkit.experiment.outputs import report
 from perfkit.experiment.results import load_all_results
 from perfkit.paths import Project
 

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from records import run
 
 from perfkit.cli import main
 from perfkit.errors import UserError
 from perfkit.experiment import execute as executor
-from perfkit.experiment import ledger, runner
+from perfkit.experiment import profiling, rundir, runner, schedule
+from perfkit.experiment.outputs import ledger
 from perfkit.paths import Project
 
 FIXTURES = Path(__file__).parent / "fixtures" / "project"
@@ -33,10 +35,8 @@ def first(tmp_path_factory):
         # other people edit perfkit while tests run; the cache key must not move under this module
         mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
         # the suite shares the machine with other work
-        mp.setattr(runner.fitness, "unfit", lambda trace, window=None: None)
-        report = runner.run(
-            project, all_hypotheses=True, quick=True, jobs=2, timeout_s=15, replicates=1, out=lines.append
-        )
+        mp.setattr(schedule.fitness, "unfit", lambda trace, window=None: None)
+        report = run(project, all=True, quick=True, jobs=2, timeout_s=15, replicates=1, out=lines.append)
     return project, report, lines
 
 
@@ -44,9 +44,9 @@ def rerun(project, **kwargs):
     lines: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-        mp.setattr(runner.fitness, "unfit", kwargs.pop("unfit", lambda trace, window=None: None))
+        mp.setattr(schedule.fitness, "unfit", kwargs.pop("unfit", lambda trace, window=None: None))
         kwargs.setdefault("replicates", 1)
-        report = runner.run(project, quick=True, out=lines.append, **kwargs)
+        report = run(project, quick=True, out=lines.append, **kwargs)
     return report, lines
 
 
@@ -106,7 +106,9 @@ def test_progress_lines_and_evidence_are_kept(first):
 def test_utilization_trace_per_execution(first):
     project, report, _ = first
     run_dir = project.runs_dir / report.run_id
-    for exec_dir in (run_dir / "executions").glob("*/r0"):
+    exec_dirs = sorted((run_dir / "executions").glob("*/r0"))
+    assert len(exec_dirs) == len({x.key for h in report.results.hypotheses for x in h.executions}) > 0
+    for exec_dir in exec_dirs:
         assert (exec_dir / "utilization.json").is_file() and (exec_dir / "utilization.png").is_file()
 
 
@@ -193,12 +195,12 @@ def test_param_overrides_are_checked(first):
 
 def test_shipped_mask_build_probe_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(
-        runner.fitness, "unfit", lambda trace, window=None: None
+        schedule.fitness, "unfit", lambda trace, window=None: None
     )  # other tests may be running beside this one
     shutil.copytree(ROOT / "hypotheses", tmp_path / "hypotheses", ignore=shutil.ignore_patterns("ledger", "LEDGER.md"))
     shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
     lines: list[str] = []
-    report = runner.run(
+    report = run(
         Project(tmp_path),
         ids=["mask-build-compact-10x"],
         replicates=1,
@@ -218,7 +220,7 @@ def test_profile_torch_saves_a_trace_in_the_execution(first):
     (exec_dir,) = (project.runs_dir / report.run_id / "executions").glob("*/r0")
     assert (exec_dir / "torch_trace.json").is_file()
     executed = nbformat.read(str(exec_dir / "executed.ipynb"), as_version=4)
-    injected = [c for c in executed.cells if runner.INJECTED_TAG in c.metadata.get("tags", [])]
+    injected = [c for c in executed.cells if profiling.INJECTED_TAG in c.metadata.get("tags", [])]
     assert len(injected) == 2
     assert verdicts(report)["fx-cost-confirmed"][0] == "confirmed"
 
@@ -235,7 +237,7 @@ def test_an_interrupted_run_says_so_in_its_manifest_with_what_ended(first, monke
         rerun(project, ids=["fx-share"])
     latest = max(p for p in project.runs_dir.iterdir() if p.is_dir())
     manifest = json.loads((latest / "manifest.json").read_text())
-    assert manifest["status"] == "interrupted" and manifest["format_version"] == runner.MANIFEST_VERSION
+    assert manifest["status"] == "interrupted" and manifest["format_version"] == rundir.MANIFEST_VERSION
     (execution,) = manifest["executions"]
     assert execution["reused"] and execution["run_id"] != latest.name and execution["status"] == "ok"
     assert {p.name for p in project.results_dir.iterdir()} == before  # no results for a run that did not finish
@@ -304,11 +306,9 @@ def test_a_closed_pipe_never_stops_the_measurement(first):
 
     report, _ = rerun(project, ids=["fx-cost-confirmed"], force=True)  # a baseline that runs
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner.fitness, "unfit", lambda trace, window=None: None)
+        mp.setattr(schedule.fitness, "unfit", lambda trace, window=None: None)
         mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-        piped = runner.run(
-            project, ids=["fx-cost-confirmed"], quick=True, force=True, replicates=1, out=closed_after_two
-        )
+        piped = run(project, ids=["fx-cost-confirmed"], quick=True, force=True, replicates=1, out=closed_after_two)
     assert len(said) == 2  # the reader left after two lines
     assert piped.results.hypotheses[0].verdict == "confirmed"  # and the run still judged and stored it
     assert (project.results_dir / f"{piped.run_id}.json").is_file()
@@ -519,7 +519,7 @@ def test_a_notebook_executed_by_hand_with_papermill_gets_the_runs_verdicts(first
 def test_run_show_and_validate_speak_json(first, monkeypatch, capsys):
     project, _, _ = first
     monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    monkeypatch.setattr(runner.fitness, "unfit", lambda trace, window=None: None)
+    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None: None)
     root = ["--root", str(project.root)]
     assert main([*root, "run", "fx-share", "--quick", "--replicates", "1", "--json"]) == 0
     captured = capsys.readouterr()

@@ -1,50 +1,18 @@
 import math
 import re
-import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
+from records import execution as run
+from records import hypothesis as hyp
+from records import metric
 
-from perfkit.experiment.hypothesis import Hypothesis, Probe, Sweep
-from perfkit.experiment.kinds import Expect, expectation
-from perfkit.experiment.results import Execution
-from perfkit.experiment.verdict import Verdict, judge
+from perfkit.experiment.hypothesis import Sweep
+from perfkit.experiment.judging import judge
+from perfkit.experiment.kinds import expectation
+from perfkit.experiment.verdict import Verdict
 from perfkit.phases import BREAKDOWN, STEP
 from perfkit.samples import MetricRecord
-
-
-def hyp(expect: Expect, sweep: Sweep | None = None) -> Hypothesis:
-    return Hypothesis(
-        id="h",
-        claim="c",
-        rationale="r",
-        expect=expect,
-        probe=Probe(notebook="p.ipynb", sweep=sweep),
-        tags=(),
-        path=Path("h.yaml"),
-        hash="0",
-    )
-
-
-def run(*records: MetricRecord, params=None, status="ok", reason=None) -> Execution:
-    return Execution(
-        key="k",
-        notebook="p.ipynb",
-        params=params or {},
-        status=status,
-        wall_s=1.0,
-        run_id="r",
-        reason=reason,
-        records=tuple(records),
-    )
-
-
-def metric(name, mean, *, n=30, unit="ms", spread=0.02, at=None, breakdown=None, seed=0):
-    rng = np.random.default_rng(seed + zlib.crc32(name.encode()))
-    samples = tuple(float(x) for x in mean * (1 + spread * rng.standard_normal(n)))
-    return MetricRecord(name=name, unit=unit, samples=samples, at=at, breakdown=breakdown)
-
 
 COST = expectation(kind="cost", metric="mask", unit="ms", value=200.0, factor=3.0)
 

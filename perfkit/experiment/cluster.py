@@ -24,7 +24,7 @@ import platform
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -133,64 +133,85 @@ def payload(project: Project) -> dict[str, bytes]:
     return _folder(project.notebooks_dir)
 
 
-def run_on_worker(
-    notebooks: dict[str, bytes],
-    planned_json: dict,
-    notebook: str,
-    run_id: str,
-    timeout_s: float,
-    env: dict[str, str],
-    extra: dict | None,
-) -> dict[str, Any]:
-    """The worker's side: execute one probe in a fresh folder, return its files and trace."""
-    from perfkit.machine import devices, fitness, utilization
+@dataclass(frozen=True)
+class Request:
+    """One execution to send: where its files go here, and what a worker must offer for it."""
+
+    planned: Execution
+    exec_dir: Path
+    extra: dict | None  # parameters the plan does not key on (the replicate index)
+    resources: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Round:
+    """A round of a run's executions, sent together."""
+
+    run_id: str
+    timeout_s: float
+    requests: list[Request]
+
+
+def run_on_worker(notebooks: dict[str, bytes], request: dict[str, Any]) -> dict[str, Any]:
+    """The worker's side: execute one probe in a fresh folder, return its files, cell times and trace.
+
+    `request` holds the planned execution (`planned`, as JSON), `notebook`, `run_id`, `timeout_s` and `extra`.
+    """
+    from perfkit.machine import devices, fitness
 
     with tempfile.TemporaryDirectory(prefix="perfkit-worker-") as tmp:
         root = Path(tmp)
         for rel, data in notebooks.items():
             (root / "notebooks" / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / "notebooks" / rel).write_bytes(data)
-        planned = Execution.from_json(Reader(planned_json, "planned execution"))
-        child_env = {**env, **fitness.thread_env()}
-        sampler = utilization.Sampler(interval_s=0.25)
-        sampler.start()
-        try:
-            ended = executor.execute(
-                planned,
-                notebook=root / "notebooks" / notebook,
+        env = fitness.thread_env()
+        ended = executor.measure(
+            executor.Job(
+                planned=Execution.from_json(Reader(request["planned"], "planned execution")),
+                notebook=root / "notebooks" / request["notebook"],
                 exec_dir=root / "exec",
-                run_id=run_id,
+                run_id=request["run_id"],
                 cwd=root / "notebooks",
                 kernel_dir=executor.ensure_kernelspec(root / "jupyter"),
-                timeout_s=timeout_s,
-                env=child_env,
-                extra=extra,
+                timeout_s=request["timeout_s"],
+                env=env,
+                extra=request["extra"],
             )
-        finally:
-            trace = sampler.stop()
+        )
         files = {p.name: p.read_bytes() for p in (root / "exec").iterdir() if p.is_file()}
         return {
-            "execution": ended.to_json(),
+            "execution": ended.execution.to_json(),
+            "cells": [list(c) for c in ended.cells],
             "files": files,
-            "trace": trace,
+            "trace": ended.trace,
             "host": platform.node(),
             "machine": devices.describe(),
-            "threads": child_env.get("OMP_NUM_THREADS"),
+            "threads": env.get("OMP_NUM_THREADS"),
         }
+
+
+def _arrived(got: dict[str, Any], exec_dir: Path) -> executor.Ended:
+    """A worker's answer, its files written under exec_dir."""
+    exec_dir.mkdir(parents=True, exist_ok=True)
+    for name, data in got["files"].items():
+        (exec_dir / name).write_bytes(data)
+    execution = Execution.from_json(Reader(got["execution"], f"{exec_dir}/execution"))
+    return executor.Ended(
+        replace(execution, host=got["host"]),
+        cells=tuple((str(c[0]), float(c[1]), float(c[2])) for c in got.get("cells", [])),
+        trace=None if got["trace"] is None else got["trace"] | {"machine": got["machine"]},
+    )
 
 
 def execute(
     client,
     project: Project,
-    batch: list[tuple[Execution, Path, dict | None, dict[str, float]]],
+    batch: Round,
     *,
-    run_id: str,
-    timeout_s: float,
-    env: dict[str, str],
     started: Callable[[Execution, str], None],
-    ended: Callable[[Execution, Execution, dict | None], None],
+    ended: Callable[[Execution, executor.Ended], None],
 ) -> None:
-    """Run (planned, exec_dir, extra, resources) on the cluster; `ended(planned, execution, trace)` as each ends.
+    """Run the round on the cluster; `ended(planned, ended)` as each execution ends.
 
     A lost worker is retried once by the scheduler, then the execution ends "error" with the reason.
     Interrupted, the remote work still queued or running is cancelled.
@@ -201,42 +222,36 @@ def execute(
     # this round's tasks would lose their input ("lost dependencies").
     (shipped,) = client.scatter([payload(project)], broadcast=True, hash=False)
     futures = {}
-    for planned, exec_dir, extra, needs in batch:
+    for request in batch.requests:
+        planned = request.planned
+        sent = {
+            "planned": planned.to_json(),
+            "notebook": planned.notebook,
+            "run_id": batch.run_id,
+            "timeout_s": batch.timeout_s,
+            "extra": request.extra,
+        }
         future = client.submit(
             run_on_worker,
             shipped,
-            planned.to_json(),
-            planned.notebook,
-            run_id,
-            timeout_s,
-            env,
-            extra,
-            resources={RESOURCE: 1, **needs},
+            sent,
+            resources={RESOURCE: 1, **request.resources},
             pure=False,
-            key=f"perfkit-{run_id}-{planned.key}-r{planned.replicate}-{time.monotonic_ns()}",
+            key=f"perfkit-{batch.run_id}-{planned.key}-r{planned.replicate}-{time.monotonic_ns()}",
         )
-        futures[future] = (planned, exec_dir)
+        futures[future] = request
         started(planned, "queued on the cluster")
     try:
         for future in distributed.as_completed(list(futures)):
-            planned, exec_dir = futures[future]
+            request = futures[future]
             try:
                 got = future.result()
             except Exception as exc:  # KilledWorker, a closed connection: the worker, not the probe
-                lost = replace(
-                    planned,
-                    status="error",
-                    run_id=run_id,
-                    wall_s=0.0,
-                    reason=f"worker lost: {type(exc).__name__}: {exc}"[:500],
-                )
-                ended(planned, lost, None)
+                reason = f"worker lost: {type(exc).__name__}: {exc}"[:500]
+                lost = replace(request.planned, status="error", run_id=batch.run_id, wall_s=0.0, reason=reason)
+                ended(request.planned, executor.Ended(lost))
                 continue
-            exec_dir.mkdir(parents=True, exist_ok=True)
-            for name, data in got["files"].items():
-                (exec_dir / name).write_bytes(data)
-            execution = Execution.from_json(Reader(got["execution"], f"{exec_dir}/execution"))
-            ended(planned, replace(execution, host=got["host"]), got["trace"] | {"machine": got["machine"]})
+            ended(request.planned, _arrived(got, request.exec_dir))
     except BaseException:
         client.cancel(list(futures), force=True)
         raise

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from perfkit.experiment import ledger
+from perfkit.experiment.outputs import ledger
 from perfkit.experiment.results import FORMAT_VERSION, RunResults, results_path
 from perfkit.files import read_json, write_atomic, write_json
 from perfkit.paths import Project

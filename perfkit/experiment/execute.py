@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,25 +27,6 @@ KERNEL_NAME = "perfkit"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _live: set[subprocess.Popen] = set()  # executions in flight, so an interrupted run can stop them
 _live_lock = threading.Lock()
-
-
-def nsys() -> str | None:
-    """Nsight Systems' command-line tool, when it is on PATH."""
-    import shutil
-
-    return shutil.which("nsys")
-
-
-def nsys_prefix(report: Path) -> list[str]:
-    """The command that runs a kernel under Nsight Systems, writing `report`.nsys-rep."""
-    return [
-        nsys() or "nsys",
-        "profile",
-        "--trace=cuda,nvtx,osrt",
-        "--sample=none",
-        "--force-overwrite=true",
-        f"--output={report}",
-    ]
 
 
 def ensure_kernelspec(directory: Path, *, prefix: list[str] | None = None) -> Path:
@@ -179,50 +160,70 @@ def kill_all() -> None:
         _kill_tree(proc)
 
 
-def execute(
-    planned: Execution,
-    *,
-    notebook: Path,
-    exec_dir: Path,
-    run_id: str,
-    cwd: Path,
-    kernel_dir: Path,
-    timeout_s: float,
-    env: dict[str, str] | None = None,
-    extra: dict[str, object] | None = None,
-) -> Execution:
-    """Execute `notebook` with the planned parameters into exec_dir/executed.ipynb; never raises for the probe.
+@dataclass(frozen=True)
+class Job:
+    """Everything one probe execution needs, wherever it runs (this machine or a cluster worker)."""
 
-    `extra` adds parameters the plan does not key on (the replicate index). Returns the planned
-    execution, ended: its status, wall time, records and, when it did not end
-    well, the reason naming the cell (the traceback goes to exec_dir/traceback.txt).
-    """
-    output = Path(exec_dir) / "executed.ipynb"
-    output.parent.mkdir(parents=True, exist_ok=True)
+    planned: Execution
+    notebook: Path  # the notebook to execute (the probe, or its profiled copy)
+    exec_dir: Path  # where executed.ipynb, its log and traceback go
+    run_id: str
+    cwd: Path  # the probe's working directory
+    kernel_dir: Path  # holds the `perfkit` kernelspec (ensure_kernelspec)
+    timeout_s: float
+    env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
+    extra: dict[str, object] | None = None  # parameters the plan does not key on (the replicate index)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """An execution as it ended, with when each cell ran and the machine's utilization meanwhile."""
+
+    execution: Execution
+    cells: tuple[tuple[str, float, float], ...] = ()  # (label, start, end), from papermill's metadata
+    trace: dict | None = None  # perfkit.machine.utilization's trace, when it was sampled
+
+    def window(self) -> tuple[float, float] | None:
+        """From the first cell's start to the last cell's end: when the probe measured."""
+        if not self.cells:
+            return None
+        return min(c[1] for c in self.cells), max(c[2] for c in self.cells)
+
+
+def measure(job: Job, *, interval_s: float = 0.25) -> Ended:
+    """`execute` with the machine's utilization sampled around it: the one wrapper, local or remote."""
+    from perfkit.machine import utilization
+
+    sampler = utilization.Sampler(interval_s=interval_s)
+    sampler.start()
+    try:
+        ended = execute(job)
+    finally:
+        trace = sampler.stop()
+    return replace(ended, trace=trace)
+
+
+def _write_spec(job: Job, output: Path, outcome_path: Path) -> Path:
     spec_path = output.with_name(output.stem + ".spec.json")
-    outcome_path = output.with_name(output.stem + ".outcome.json")
-    if outcome_path.exists():
-        outcome_path.unlink()
-    write_atomic(
-        spec_path,
-        json.dumps(
-            {
-                "notebook": str(notebook),
-                "output": str(output),
-                "params": {**planned.params, **(extra or {})},
-                "cwd": str(cwd),
-                "outcome": str(outcome_path),
-                "parent": os.getpid(),  # the child stops when this process is gone, even before it looked
-            },
-            indent=1,
-        ),
-    )
+    spec = {
+        "notebook": str(job.notebook),
+        "output": str(output),
+        "params": {**job.planned.params, **(job.extra or {})},
+        "cwd": str(job.cwd),
+        "outcome": str(outcome_path),
+        "parent": os.getpid(),  # the child stops when this process is gone, even before it looked
+    }
+    write_atomic(spec_path, json.dumps(spec, indent=1))
+    return spec_path
+
+
+def _launch(job: Job, spec_path: Path, log_path: Path) -> tuple[bool, int | None]:
+    """Run the child to its end or its time limit: (timed out, exit status)."""
     child_env = dict(os.environ)
-    child_env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(kernel_dir), os.environ.get("JUPYTER_PATH")) if p)
+    child_env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(job.kernel_dir), os.environ.get("JUPYTER_PATH")) if p)
     child_env.pop("MPLBACKEND", None)  # let the kernel use its inline backend so figures land in the notebook
-    child_env.update(env or {})
-    started = time.monotonic()
-    with open(output.with_name(output.stem + ".log"), "wb") as log:
+    child_env.update(job.env)
+    with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "perfkit.experiment.execute", str(spec_path)],
             stdout=log,
@@ -233,60 +234,76 @@ def execute(
         with _live_lock:
             _live.add(proc)
         try:
-            proc.wait(timeout=timeout_s)
-            timed_out = False
+            proc.wait(timeout=job.timeout_s)
+            return False, proc.returncode
         except subprocess.TimeoutExpired:
             _kill_tree(proc)
-            timed_out = True
+            return True, proc.returncode
         except BaseException:
             _kill_tree(proc)
             raise
         finally:
             with _live_lock:
                 _live.discard(proc)
-    ended = replace(planned, wall_s=round(time.monotonic() - started, 3), run_id=run_id, reused=False)
+
+
+def execute(job: Job) -> Ended:
+    """Execute the job's notebook into exec_dir/executed.ipynb; never raises for the probe.
+
+    Returns the planned execution, ended: its status, wall time, records and, when it did not end
+    well, the reason naming the cell (the traceback goes to exec_dir/traceback.txt). The executed
+    notebook is read once, for the records and for when each cell ran.
+    """
+    output = Path(job.exec_dir) / "executed.ipynb"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    outcome_path = output.with_name(output.stem + ".outcome.json")
+    outcome_path.unlink(missing_ok=True)
+    spec_path = _write_spec(job, output, outcome_path)
+    started = time.monotonic()
+    timed_out, returncode = _launch(job, spec_path, output.with_name(output.stem + ".log"))
+    ended = replace(job.planned, wall_s=round(time.monotonic() - started, 3), run_id=job.run_id, reused=False)
     nb = read_notebook(output)
     records = tuple(records_in(nb, str(output))) if nb is not None else ()
     running = last_started_cell(nb) if nb is not None else None
+    cells = tuple(cell_times(nb)) if nb is not None else ()
     if timed_out:
         where = f"in {_cell_words(*running)}" if running else "before any cell ran (kernel start-up)"
-        return replace(
-            ended,
-            status="timeout",
-            reason=f"timed out after {timeout_s:g} s {where}",
-            cell_index=running[0] if running else None,
-            records=records,
+        return Ended(
+            replace(
+                ended,
+                status="timeout",
+                reason=f"timed out after {job.timeout_s:g} s {where}",
+                cell_index=running[0] if running else None,
+                records=records,
+            ),
+            cells,
         )
     try:
         told = json.loads(outcome_path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
-        told = {
-            "status": "crashed",
-            "ename": None,
-            "evalue": f"the executor process exited with status {proc.returncode}",
-        }
+        told = {"status": "crashed", "ename": None, "evalue": f"the executor process exited with status {returncode}"}
+    return Ended(_told(replace(ended, records=records), told, job, running), cells)
+
+
+def _told(ended: Execution, told: dict, job: Job, running: tuple[int, str] | None) -> Execution:
+    """The execution as its outcome file tells it ended."""
     status = told["status"]
     if status == "ok":
-        return replace(ended, status="ok", records=records)
+        return replace(ended, status="ok")
     if told.get("traceback"):
-        write_atomic(Path(exec_dir) / "traceback.txt", told["traceback"] + "\n")
+        write_atomic(Path(job.exec_dir) / "traceback.txt", told["traceback"] + "\n")
+    name = job.notebook.name
     if status == "error" and told.get("cell_index") is not None:
         index = told["cell_index"]
-        reason = f"{notebook.name} {_cell_words(index, told.get('source', ''))}: {told['ename']}: {told['evalue']}"
+        reason = f"{name} {_cell_words(index, told.get('source', ''))}: {told['ename']}: {told['evalue']}"
     elif status == "crashed":
         index = running[0] if running else None
         reason = f"kernel died {f'in {_cell_words(*running)}' if running else 'before any cell ran'}"
     else:
         index = None
-        reason = f"{notebook.name}: {told.get('ename')}: {told.get('evalue')}"
+        reason = f"{name}: {told.get('ename')}: {told.get('evalue')}"
     return replace(
-        ended,
-        status=status,
-        reason=reason,
-        cell_index=index,
-        ename=told.get("ename"),
-        evalue=told.get("evalue"),
-        records=records,
+        ended, status=status, reason=reason, cell_index=index, ename=told.get("ename"), evalue=told.get("evalue")
     )
 
 

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from perfkit.errors import UserError
-from perfkit.experiment import ledger
-from perfkit.experiment.diff import results_at
+from perfkit.experiment.compare import results_at
+from perfkit.experiment.outputs import ledger
 from perfkit.experiment.results import RunResults, load_all_results
 from perfkit.files import write_atomic
 from perfkit.paths import Project, git

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from perfkit.errors import UserError
 from perfkit.experiment.hypothesis import Hypothesis, check_parameter, notebook_parameters
+from perfkit.experiment.options import RunOptions
 from perfkit.experiment.results import Execution
 from perfkit.paths import Project
 
@@ -143,20 +142,6 @@ def notebook_code(path: Path) -> bytes:
     return json.dumps({"cells": cells, "kernel": kernel}, sort_keys=True).encode()
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """`K=V` strings to parameters; V is read as YAML so 4096 is an int and 0.5 a float."""
-    out = {}
-    for pair in pairs:
-        name, sep, text = pair.partition("=")
-        if not sep or not name.strip():
-            raise UserError(f"--param expects NAME=VALUE, got {pair!r}")
-        try:
-            out[name.strip()] = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError:
-            raise UserError(f"--param {name}: cannot read value {text!r}") from None
-    return out
-
-
 def execution_key(
     code: bytes, params: dict[str, Any], source_hash: str, profile: str | None, environment: dict[str, Any]
 ) -> str:
@@ -181,19 +166,25 @@ def _points(
     return [{**params, sweep.param: v} for v in values]
 
 
+@dataclass(frozen=True)
+class Basis:
+    """What every execution's key holds besides its notebook and parameters."""
+
+    source_hash: str  # perfkit's own source (source_tree_hash)
+    environment: dict[str, Any]  # environment_key(), and the cluster when there is one
+
+
 def plan(
     project: Project,
     hypotheses: list[Hypothesis],
+    options: RunOptions,
+    basis: Basis,
     *,
-    quick: bool,
-    overrides: dict[str, Any],
-    source_hash: str,
-    profile: str | None,
-    environment: dict[str, Any],
     replicates: int = 1,
     note: Callable[[str], None] = print,
 ) -> Plan:
     """The distinct executions the hypotheses need; an override no selected probe declares is an error."""
+    quick, overrides = options.quick, options.overrides
     declared_cache: dict[str, dict] = {}
     used_overrides: set[str] = set()
     by_key: dict[str, Execution] = {}
@@ -219,7 +210,7 @@ def plan(
         code = notebook_code(path)
         keys = []
         for point in _points(h, params, quick=quick, overrides=overrides, note=note):
-            key = execution_key(code, point, source_hash, profile, environment)
+            key = execution_key(code, point, basis.source_hash, options.profile, basis.environment)
             by_key.setdefault(key, Execution(key=key, notebook=h.probe.notebook, params=point))
             counts[key] = max(counts.get(key, 1), h.probe.replicates or replicates)
             needed = resources.setdefault(key, {})

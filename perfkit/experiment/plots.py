@@ -1,8 +1,10 @@
 """One PNG per verdict that explains it at a glance.
 
 This module draws what every verdict plot shares (the title, the verdict's colour, the reason
-when there is nothing to plot) and asks the hypothesis's expectation kind to draw the evidence
-against its claim (see perfkit/experiment/kinds/). The bytes depend on the inputs only.
+when there is nothing to plot) and calls the expectation kind's `plot` to draw the evidence
+against its claim (see perfkit/experiment/kinds/); it is handed what it draws, never a
+hypothesis. Each plot is rendered once; the ledger's smaller copy is scaled from it. The bytes
+depend on the inputs only.
 """
 
 from __future__ import annotations
@@ -10,14 +12,12 @@ from __future__ import annotations
 import io
 import math
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from perfkit.experiment.verdict import Judgement, Point, Verdict
 from perfkit.files import write_atomic
-
-if TYPE_CHECKING:
-    from perfkit.experiment.hypothesis import Hypothesis
 
 COLORS = {
     Verdict.CONFIRMED: "#2e7d32",
@@ -49,9 +49,9 @@ def log_if_spread(ax, values: list[float], axis: str) -> None:
         (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
 
 
-def _title(fig, h: Hypothesis, j: Judgement) -> None:
+def _title(fig, title: str, j: Judgement) -> None:
     fig.suptitle(
-        f"{h.id}: {j.verdict.value}", color=COLORS[j.verdict], fontsize=11, fontweight="bold", x=0.02, ha="left"
+        f"{title}: {j.verdict.value}", color=COLORS[j.verdict], fontsize=11, fontweight="bold", x=0.02, ha="left"
     )
     text = j.line() if j.measured is not None else (j.reason or "")
     fig.text(0.02, 0.885, wrap(text, 110), fontsize=7.5, ha="left", va="top", color="#333333")
@@ -63,20 +63,38 @@ def _text_plot(fig, j: Judgement) -> None:
     ax.text(0.0, 0.6, wrap(f"no measurement to plot: {j.reason}", 90), fontsize=9, color=COLORS[j.verdict], va="top")
 
 
-def render(h: Hypothesis, j: Judgement, points: list[Point], *, dpi: int = 100) -> bytes:
-    """The verdict's plot as PNG bytes."""
+#: How an expectation kind draws its evidence against its claim: (figure, judgement, points).
+Draw = Callable[[Any, Judgement, list[Point]], None]
+DPI = 150  # the plot under runs/<run-id>/plots/; the ledger's copy is scaled from it (LEDGER_DPI)
+LEDGER_DPI = 100
+
+
+def render(title: str, j: Judgement, points: list[Point], draw: Draw, *, dpi: int = DPI) -> bytes:
+    """The verdict's plot as PNG bytes: the title and the verdict's line, then `draw` (the kind's plot)."""
     fig = _figure()
-    _title(fig, h, j)
+    _title(fig, title, j)
     if j.measured is None or not j.used:
         _text_plot(fig, j)
     else:
-        h.expect.plot(fig, j, points)
+        draw(fig, j, points)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None})
     return buffer.getvalue()
 
 
-def plot_verdict(h: Hypothesis, j: Judgement, points: list[Point], path: Path, *, dpi: int = 100) -> Path:
-    """Draw the verdict's plot and write it to `path` (atomically)."""
-    write_atomic(Path(path), render(h, j, points, dpi=dpi))
+def scaled(png: bytes, factor: float) -> bytes:
+    """The same plot, `factor` times the size (a smaller copy for the ledger, made without drawing again)."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as image:
+        size = (max(1, round(image.width * factor)), max(1, round(image.height * factor)))
+        small = image.convert("RGBA").resize(size, Image.Resampling.LANCZOS)
+    buffer = io.BytesIO()
+    small.save(buffer, format="PNG", optimize=False)
+    return buffer.getvalue()
+
+
+def write_plot(path: Path, png: bytes) -> Path:
+    """Write a rendered plot to `path` (atomically)."""
+    write_atomic(Path(path), png)
     return Path(path)

@@ -135,6 +135,10 @@ class Measured:
             f"[{units.format_number(self.low)}, {units.format_number(self.high)}]"
         )
 
+    def level(self) -> str:
+        """The interval's confidence in words: '95%', or '98.3%' when the run looked more than once."""
+        return f"{(self.confidence if self.confidence is not None else 0.95) * 100:.3g}%"
+
     def evidence(self) -> str | None:
         """'3 processes x 30 samples, 12% of the variance between them': what the interval rests on."""
         if self.replicates is None:
@@ -142,7 +146,7 @@ class Measured:
         per = f" x {self.samples // self.replicates} samples" if self.samples else ""
         level = ""
         if self.confidence is not None and abs(self.confidence - 0.95) > 1e-9:
-            level = f"; a {self.confidence:.1%} interval (the run looked more than once)"
+            level = f"; a {self.level()} interval (the run looked more than once)"
         if self.replicates == 1:
             return f"1 process{per}{level}"
         between = f", {self.between:.0%} of the variance between them" if self.between is not None else ""

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from perfkit import stats, units
 from perfkit.errors import UserError
+from perfkit.experiment import replicates
 from perfkit.experiment.checker import Checker, check_scalars
 from perfkit.experiment.results import Floor, Measured
 from perfkit.experiment.verdict import Inconclusive, Judgement, Point, Verdict
@@ -176,7 +177,7 @@ def measured(
 
 def warnings_for(labelled: list[tuple[str, list[list[float]]]]) -> tuple[str, ...]:
     """What could make each labelled set of replicates mislead, prefixed with its label."""
-    return tuple(f"{label}: {w}" for label, replicates in labelled for w in stats.warnings(replicates))
+    return tuple(f"{label}: {w}" for label, reps in labelled for w in stats.warnings(reps))
 
 
 # ---------------------------------------------------------------- comparing
@@ -187,9 +188,9 @@ def bounds(
 ) -> tuple[Verdict, str | None, int | None]:
     """Compare an interval with an allowed range: inside, outside, or straddling an edge.
 
-    A straddle says what would decide it: how many replicates would likely clear the edge at this
-    spread, or that the effect is too close to the edge to decide at this noise; the third value
-    is that number of replicates (None when confirmed, refuted or too close).
+    A straddle says what would decide it (the replicate policy's forecast, perfkit/experiment/
+    replicates.py); the third value is that number of replicates (None when confirmed, refuted or
+    too close to the edge to decide at this noise).
     """
     lo_ok = at_least is None or est.low >= at_least
     hi_ok = at_most is None or est.high <= at_most
@@ -203,18 +204,8 @@ def bounds(
         edges = [at_most]
     else:  # inside: every edge the interval crosses must be cleared
         edges = [e for e, ok in ((at_least, lo_ok), (at_most, hi_ok)) if e is not None and not ok]
-    why = f"the interval straddles {units.format_number(edges[0])}"
-    forecasts = [stats.replicates_to_decide(est, e) for e in edges]
-    needed = None if None in forecasts else max(forecasts)
-    if needed is None:
-        return Verdict.INCONCLUSIVE, f"{why}: too close to it to decide at this noise", None
-    if est.replicates == 1:
-        return Verdict.INCONCLUSIVE, f"{why}: one process cannot decide it; about {needed} replicates would", needed
-    return (
-        Verdict.INCONCLUSIVE,
-        f"{why}: about {needed} replicates would likely decide it ({est.replicates} ran)",
-        needed,
-    )
+    why, needed = replicates.forecast(est, edges)
+    return Verdict.INCONCLUSIVE, why, needed
 
 
 def ratio_text(measured: float, expected: float, what: str) -> str:

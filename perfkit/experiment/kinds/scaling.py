@@ -97,14 +97,23 @@ class Scaling(Expect):
 
         ax = fig.add_axes((0.13, 0.16, 0.55, 0.62))
         xs, means, lows, highs = [], [], [], []
+        level = judgement.measured.confidence or stats.CONFIDENCE
         for p in judgement.used:
-            est = stats.mean_estimate(p.replicates)
+            est = stats.mean_estimate(p.replicates, confidence=level)
             xs.append(float(p.at[self.over]))
             means.append(est.value)
             lows.append(est.value - est.low)
             highs.append(est.high - est.value)
         unit = judgement.used[0].unit
-        ax.errorbar(xs, means, yerr=[lows, highs], fmt="o", color="#37474f", capsize=3, label="measured (95%)")
+        ax.errorbar(
+            xs,
+            means,
+            yerr=[lows, highs],
+            fmt="o",
+            color="#37474f",
+            capsize=3,
+            label=f"measured ({judgement.measured.level()})",
+        )
         ax.set_xscale("log")
         ax.set_yscale("log")
         anchor_x = math.exp(sum(math.log(x) for x in xs) / len(xs))

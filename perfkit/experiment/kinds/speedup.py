@@ -87,14 +87,15 @@ class Speedup(Expect):
         base, cand = judgement.used
         unit = base.unit
         names, values, errs = [], [], [[], []]
+        level = judgement.measured.confidence or stats.CONFIDENCE
         for p in (base, cand):
-            est = stats.mean_estimate([units.convert(list(r), p.unit, unit) for r in p.replicates])
+            est = stats.mean_estimate([units.convert(list(r), p.unit, unit) for r in p.replicates], confidence=level)
             names.append(p.name)
             values.append(est.value)
             errs[0].append(est.value - est.low)
             errs[1].append(est.high - est.value)
         ax.barh(names, values, xerr=errs, color=["#b0bec5", plots.COLORS[judgement.verdict]], capsize=4)
         plots.log_if_spread(ax, values, "x")
-        ax.set_xlabel(f"mean [{unit}]")
+        ax.set_xlabel(f"mean [{unit}], {judgement.measured.level()} interval")
         claim = range_text(self.at_least, self.at_most, units.format_factor)
         ax.set_title(f"speedup {units.format_factor(judgement.measured.value)}; claimed {claim}", fontsize=8)

@@ -103,7 +103,7 @@ class _Value(Expect):
             fmt="o",
             color=plots.COLORS[judgement.verdict],
             capsize=6,
-            label="mean, 95% interval",
+            label=f"mean, {m.level()} interval",
         )
         reference, _ = self._reference(judgement.floor)
         plots.log_if_spread(ax, [m.low, m.high, reference, *values, *self._marks(ax, reference)], "x")

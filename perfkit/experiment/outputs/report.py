@@ -14,8 +14,9 @@ import shutil
 from pathlib import Path
 
 from perfkit import units
-from perfkit.experiment import diff as diffs
-from perfkit.experiment.ledger import Entry, evidence_text, history, measured_text, off_by_text, run_words, standing
+from perfkit.experiment import compare as diffs
+from perfkit.experiment.history import Entry, history, standing
+from perfkit.experiment.outputs.words import evidence_text, measured_text, off_by_text, other_levels, run_words
 from perfkit.experiment.results import RunResults
 from perfkit.files import write_atomic
 from perfkit.paths import Project
@@ -85,8 +86,10 @@ def render(all_results: list[RunResults], changes: list[diffs.Change] | None, ba
         '<html lang="en"><head><meta charset="utf-8"><title>perfkit report</title>',
         f"<style>{_STYLE}</style><script>{_SCRIPT}</script></head><body>",
         "<h1>perfkit report</h1>",
-        "<p>Generated from hypotheses/ledger/results/. Intervals are 95%; a verdict is confirmed when the "
-        "whole interval satisfies the claim, refuted when the whole interval violates it.</p>",
+        "<p>Generated from hypotheses/ledger/results/. Intervals are "
+        + ("95% unless marked" if other_levels([e.result for runs in entries.values() for e in runs]) else "95%")
+        + "; a verdict is confirmed when the whole interval satisfies the claim, refuted when the whole interval "
+        "violates it.</p>",
     ]
     if changes is None and base_name:
         out.append(f"<h2>Changes</h2><p>Not compared: {_e(base_name)}.</p>")

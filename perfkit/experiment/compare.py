@@ -1,4 +1,4 @@
-"""`perfkit diff`: what a change did to the ledger, for a reviewer, as `asv compare` does for benchmarks.
+"""`perfkit diff`'s comparison: what a change did to the ledger, as `asv compare` does for benchmarks.
 
 Compares the standing verdict of every hypothesis (the latest unprofiled measurement, as the
 ledger's table shows it) in the working tree's results with those at a git revision (default:
@@ -8,7 +8,8 @@ edited, then measurements that moved beyond both intervals (with the factor); th
 last, collapsed. A measurement "moved" only when the two 95% intervals are disjoint: a move inside
 the noise is not news.
 
-The exit status is a CI gate: 1 when a change of a kind named in `fail_on` is present.
+The exit status is a CI gate: 1 when a change of a kind named in `fail_on` is present. The changes are
+written out by perfkit/experiment/outputs/diff.py (text, markdown) and outputs/junit.py.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from perfkit import units
 from perfkit.errors import UserError
-from perfkit.experiment.ledger import history, measured_text, standing
+from perfkit.experiment.history import history, standing
 from perfkit.experiment.results import HypothesisResult, RunResults, load_all_results
 from perfkit.files import read_json
 from perfkit.paths import Project, git
@@ -59,8 +60,8 @@ class Change:
                 "current": self.current.verdict if self.current else None,
             },
             "measured": {
-                "base": measured_text(self.base) if self.base else None,
-                "current": measured_text(self.current) if self.current else None,
+                "base": self.base.measured.text() if self.base and self.base.measured else None,
+                "current": self.current.measured.text() if self.current and self.current.measured else None,
             },
             "runs": {"base": self.base_run, "current": self.current_run},
             "factor": self.factor,
@@ -193,61 +194,6 @@ def parse_fail_on(text: str) -> tuple[str, ...]:
     if unknown:
         raise UserError(f"--fail-on: unknown {', '.join(unknown)}; choose from {', '.join(FAIL_ON)} or none")
     return words
-
-
-# ---------------------------------------------------------------- showing
-
-
-def _move_text(change: Change) -> str:
-    if change.factor is not None:
-        f = change.factor
-        if 0.5 < f < 2:
-            return f"{units.format_number(abs(f - 1) * 100)}% {'higher' if f >= 1 else 'lower'}"
-        return f"{units.format_factor(f)} higher" if f >= 1 else f"{units.format_factor(1 / f)} lower"
-    if change.shift is not None:
-        return f"{'+' if change.shift >= 0 else '-'}{units.format_number(abs(change.shift))}"
-    return ""
-
-
-def text(changes: list[Change], base_name: str) -> str:
-    counts = {k: sum(1 for c in changes if c.kind == k) for k in KINDS}
-    lines = [f"perfkit diff {base_name} -> working tree: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n)]
-    for c in changes:
-        if c.kind == "unchanged":
-            continue
-        was = measured_text(c.base) if c.base else "—"
-        now = measured_text(c.current) if c.current else "—"
-        moved = f" ({_move_text(c)})" if _move_text(c) else ""
-        lines.append(f"  {c.kind:<15} {c.id:<34} {c.verdict_words:<26} {was} -> {now}{moved}")
-    return "\n".join(lines) + "\n"
-
-
-def markdown(changes: list[Change], base_name: str, *, plots_url: str = "hypotheses/ledger/") -> str:
-    """A pull-request comment: the changes as a short table with plot thumbnails, the unchanged collapsed."""
-    counts = {k: sum(1 for c in changes if c.kind == k) for k in KINDS}
-    summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "no hypotheses"
-    lines = [f"### perfkit: {summary}", "", f"Against `{base_name}`; intervals are 95%.", ""]
-    changed = [c for c in changes if c.kind != "unchanged"]
-    if changed:
-        lines += [
-            "| change | hypothesis | verdict | before | after | moved | plot |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for c in changed:
-            plot = c.current.plot if c.current and c.current.plot else None
-            thumb = f'<img src="{plots_url}{plot}" width="120">' if plot else ""
-            lines.append(
-                f"| {c.kind} | `{c.id}` | {c.verdict_words} | {measured_text(c.base) if c.base else '—'} "
-                f"| {measured_text(c.current) if c.current else '—'} | {_move_text(c)} | {thumb} |"
-            )
-    else:
-        lines.append("No verdict or measurement changed.")
-    unchanged = [c for c in changes if c.kind == "unchanged"]
-    if unchanged:
-        lines += ["", f"<details><summary>{len(unchanged)} unchanged</summary>", ""]
-        lines += [f"- `{c.id}`: {c.verdict_words}, {measured_text(c.current) or '—'}" for c in unchanged]
-        lines += ["", "</details>"]
-    return "\n".join(lines) + "\n"
 
 
 def diff(project: Project, base: str | None) -> tuple[str, list[Change]]:

@@ -1,0 +1,51 @@
+"""What every step of a run shares: the project, the options, the run folder, the policy, the output."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfkit.experiment.options import RunOptions
+from perfkit.experiment.plan import Plan
+from perfkit.experiment.replicates import Policy
+from perfkit.experiment.results import Execution
+from perfkit.experiment.rundir import RunDir
+from perfkit.paths import Project
+
+
+class Printer:
+    """Progress lines from several worker threads, one line at a time.
+
+    A reader that went away (`perfkit run ... | head -2`) never stops the measurement: once the pipe
+    is closed the lines are dropped and the run goes on to store its results and the ledger.
+    """
+
+    def __init__(self, out: Callable[[str], None]):
+        self.out = out
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def __call__(self, text: str) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            try:
+                self.out(text)
+            except (BrokenPipeError, ValueError):  # ValueError: a closed file
+                self.closed = True
+
+
+@dataclass
+class RunContext:
+    """One run in progress: `plan` grows when a look adds replicates; `done` fills as executions end."""
+
+    project: Project
+    options: RunOptions
+    run_dir: RunDir
+    policy: Policy
+    plan: Plan
+    say: Printer
+    client: Any = None  # the Dask client, when the executions go to a cluster
+    done: dict[str, Execution] = field(default_factory=dict)  # execution id -> as it ended (or was reused)

@@ -1,0 +1,139 @@
+"""A run's options, declared once: `perfkit run`'s flags, `runner.run()` and the manifest all derive from here.
+
+Each field of `RunOptions` that the command line sets carries its flag and help in the field's
+metadata; `add_arguments` builds the parser from them, `from_args` reads them back, and `recorded`
+is what the run's manifest says about them. Adding an option is one field here.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import yaml
+
+from perfkit.errors import UserError
+from perfkit.experiment import profiling
+from perfkit.experiment.hypothesis import MAX_REPLICATES
+
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`K=V` strings to parameters; V is read as YAML so 4096 is an int and 0.5 a float."""
+    out = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name.strip():
+            raise UserError(f"--param expects NAME=VALUE, got {pair!r}")
+        try:
+            out[name.strip()] = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            raise UserError(f"--param {name}: cannot read value {text!r}") from None
+    return out
+
+
+def _flag(default: Any, flag: str, help: str, **argparse_options: Any) -> Any:
+    """A field set by `perfkit run FLAG`; `parse` in argparse_options turns the parsed value into the field's."""
+    metadata = {"flag": flag, "help": help, "argparse": argparse_options}
+    if isinstance(default, dict | tuple | list):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Which hypotheses a run judges and how it measures them."""
+
+    ids: tuple[str, ...] = _flag((), "ids", "hypotheses to run", nargs="*", metavar="ID")
+    all: bool = _flag(False, "--all", "run every hypothesis", action="store_true")
+    quick: bool = _flag(False, "--quick", "use each probe's quick parameters", action="store_true")
+    jobs: int = _flag(1, "--jobs", "probe executions at a time (default 1)", type=int)
+    overrides: dict[str, Any] = _flag(
+        {},
+        "--param",
+        "override a probe parameter; V is read as YAML (8192, 0.5, true, [1, 2], text)",
+        action="append",
+        metavar="K=V",
+        parse=parse_overrides,
+    )
+    timeout_s: float = _flag(
+        DEFAULT_TIMEOUT_S, "--timeout", "wall-clock limit per probe execution (default 600 s)", type=float, metavar="S"
+    )
+    force: bool = _flag(False, "--force", "re-execute probes even when a cached execution exists", action="store_true")
+    cluster: str | None = _flag(
+        None,
+        "--cluster",
+        "run the probe executions on a Dask cluster: a scheduler address, or local:N for N local workers "
+        "(default: [tool.perfkit] cluster in pyproject.toml, else this machine)",
+        metavar="ADDRESS",
+    )
+    profile: str | None = _flag(
+        None,
+        "--profile",
+        "torch: a torch.profiler trace of each probe execution; nsys: run each under Nsight Systems",
+        choices=list(profiling.PROFILERS),
+    )
+    replicates: int | None = _flag(
+        None,
+        "--replicates",
+        "independent kernel processes per probe execution (default 3 with --quick, else 5; "
+        "a record's probe.replicates can ask for more)",
+        type=int,
+        metavar="R",
+    )
+    max_replicates: int | None = _flag(
+        None,
+        "--max-replicates",
+        "add replicates, up to R, to verdicts more replicates would likely decide (default: none with --quick, "
+        "else 3x --replicates); intervals are then corrected for the extra looks",
+        type=int,
+        metavar="R",
+    )
+    command: str = ""  # the command line, as recorded in the results
+    retry_unfit: bool = True  # re-run, once, a replicate measured while the machine was busy
+
+    def check(self) -> None:
+        if bool(self.ids) == bool(self.all):
+            raise UserError("name the hypotheses to run, or pass --all (not both)")
+        for flag, value in (("--replicates", self.replicates), ("--max-replicates", self.max_replicates)):
+            if value is not None and not 1 <= value <= MAX_REPLICATES:
+                raise UserError(f"{flag} must be from 1 to {MAX_REPLICATES}, got {value}")
+        if self.jobs < 1:
+            raise UserError(f"--jobs must be at least 1, got {self.jobs}")
+        if self.timeout_s <= 0:
+            raise UserError(f"--timeout must be positive, got {self.timeout_s}")
+        if self.cluster and self.profile:
+            raise UserError("--profile with --cluster is not supported yet: profile a probe on this machine")
+        profiling.check(self.profile)
+
+    def recorded(self) -> dict[str, Any]:
+        """What the manifest says about the options (the command-line ones, by field name)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if "flag" in f.metadata}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`perfkit run`'s flags, from the fields of RunOptions."""
+    for f in fields(RunOptions):
+        if "flag" not in f.metadata:
+            continue
+        given = {k: v for k, v in f.metadata["argparse"].items() if k != "parse"}
+        if f.metadata["flag"].startswith("--"):
+            parser.add_argument(f.metadata["flag"], dest=f.name, default=None, help=f.metadata["help"], **given)
+        else:
+            parser.add_argument(f.name, help=f.metadata["help"], **given)
+
+
+def from_args(args: argparse.Namespace, *, command: str) -> RunOptions:
+    """The options `add_arguments` parsed (a flag not given keeps the field's default)."""
+    given: dict[str, Any] = {"command": command}
+    for f in fields(RunOptions):
+        if "flag" not in f.metadata:
+            continue
+        value = getattr(args, f.name)
+        if value is None or value is False:
+            continue
+        parse = f.metadata["argparse"].get("parse")
+        given[f.name] = parse(value) if parse else tuple(value) if isinstance(value, list) else value
+    return RunOptions(**given)

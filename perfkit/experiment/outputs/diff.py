@@ -1,0 +1,61 @@
+"""`perfkit diff` written out: a terminal summary, and markdown for a pull-request comment."""
+
+from __future__ import annotations
+
+from perfkit import units
+from perfkit.experiment.compare import KINDS, Change
+from perfkit.experiment.outputs.words import measured_text, other_levels
+
+
+def _move_text(change: Change) -> str:
+    if change.factor is not None:
+        f = change.factor
+        if 0.5 < f < 2:
+            return f"{units.format_number(abs(f - 1) * 100)}% {'higher' if f >= 1 else 'lower'}"
+        return f"{units.format_factor(f)} higher" if f >= 1 else f"{units.format_factor(1 / f)} lower"
+    if change.shift is not None:
+        return f"{'+' if change.shift >= 0 else '-'}{units.format_number(abs(change.shift))}"
+    return ""
+
+
+def text(changes: list[Change], base_name: str) -> str:
+    counts = {k: sum(1 for c in changes if c.kind == k) for k in KINDS}
+    lines = [f"perfkit diff {base_name} -> working tree: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n)]
+    for c in changes:
+        if c.kind == "unchanged":
+            continue
+        was = measured_text(c.base) if c.base else "—"
+        now = measured_text(c.current) if c.current else "—"
+        moved = f" ({_move_text(c)})" if _move_text(c) else ""
+        lines.append(f"  {c.kind:<15} {c.id:<34} {c.verdict_words:<26} {was} -> {now}{moved}")
+    return "\n".join(lines) + "\n"
+
+
+def markdown(changes: list[Change], base_name: str, *, plots_url: str = "hypotheses/ledger/") -> str:
+    """A pull-request comment: the changes as a short table with plot thumbnails, the unchanged collapsed."""
+    counts = {k: sum(1 for c in changes if c.kind == k) for k in KINDS}
+    summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "no hypotheses"
+    shown = [r for c in changes for r in (c.base, c.current) if r is not None]
+    levels = "95% unless marked" if other_levels(shown) else "95%"
+    lines = [f"### perfkit: {summary}", "", f"Against `{base_name}`; intervals are {levels}.", ""]
+    changed = [c for c in changes if c.kind != "unchanged"]
+    if changed:
+        lines += [
+            "| change | hypothesis | verdict | before | after | moved | plot |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for c in changed:
+            plot = c.current.plot if c.current and c.current.plot else None
+            thumb = f'<img src="{plots_url}{plot}" width="120">' if plot else ""
+            lines.append(
+                f"| {c.kind} | `{c.id}` | {c.verdict_words} | {measured_text(c.base) if c.base else '—'} "
+                f"| {measured_text(c.current) if c.current else '—'} | {_move_text(c)} | {thumb} |"
+            )
+    else:
+        lines.append("No verdict or measurement changed.")
+    unchanged = [c for c in changes if c.kind == "unchanged"]
+    if unchanged:
+        lines += ["", f"<details><summary>{len(unchanged)} unchanged</summary>", ""]
+        lines += [f"- `{c.id}`: {c.verdict_words}, {measured_text(c.current) or '—'}" for c in unchanged]
+        lines += ["", "</details>"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,105 @@
+"""`perfkit show ID`: one hypothesis's record as written, its standing evidence and its history."""
+
+from __future__ import annotations
+
+from perfkit import units
+from perfkit.errors import UserError
+from perfkit.experiment.history import history, standing
+from perfkit.experiment.hypothesis import load_hypotheses
+from perfkit.experiment.outputs.words import evidence_text, flip_note, measured_text, off_by_text, run_words
+from perfkit.experiment.results import load_all_results
+from perfkit.paths import Project
+
+
+def describe(project: Project, hid: str) -> str:
+    """`perfkit show ID`: the record as written, the latest evidence, and the history."""
+
+    hypotheses = {h.id: h for h in load_hypotheses(project)}
+    entries = history(load_all_results(project))
+    if hid not in hypotheses and hid not in entries:
+        raise UserError(f"no such hypothesis: {hid} (known: {', '.join(sorted(hypotheses)) or 'none'})")
+    lines: list[str] = []
+    if hid in hypotheses:
+        h = hypotheses[hid]
+        lines += [f"== {project.relative(h.path)}", h.path.read_text(encoding="utf-8").rstrip(), ""]
+    runs = entries.get(hid, [])
+    if not runs:
+        lines.append("never judged: run `perfkit run " + hid + "`")
+        return "\n".join(lines) + "\n"
+    latest = standing(runs)
+    r = latest.result
+    stale = hid in hypotheses and hypotheses[hid].hash != r.hash
+    lines += [
+        f"== latest verdict (run {latest.run_id}){'  [STALE: the record changed since]' if stale else ''}",
+        f"verdict:  {r.verdict}",
+        f"expected: {r.expected}",
+        f"measured: {measured_text(r) or '—'}",
+        f"off by:   {off_by_text(r) or '—'}",
+        f"evidence: {evidence_text(r) or '—'}",
+    ]
+    if r.floor:
+        lines.append(
+            f"floor:    {r.floor.metric} = {units.format_quantity(r.floor.value, r.floor.unit)}"
+            + (f" ({r.floor.note})" if r.floor.note else "")
+        )
+    lines += [f"warning:  {w}" for w in r.warnings]
+    if r.plot:
+        lines.append(f"plot:     {project.relative(project.ledger_dir / r.plot)}")
+    if r.metrics:
+        level = r.measured.level() if r.measured else "95%"  # the summaries were made at the verdict's level
+        lines += ["", f"== evidence (mean [{level} interval], n)"]
+        for m in r.metrics:
+            where = ", ".join(f"{k}={v}" for k, v in sorted((m.at or {}).items()))
+            value = (
+                f"{units.format_quantity(m.mean, m.unit)} [{units.format_number(m.low)}, {units.format_number(m.high)}]"
+                if m.mean is not None
+                else "no usable samples"
+            )
+            lines.append(
+                f"  {m.name}{f' [{where}]' if where else ''}: {value}, n={m.n}" + (f"  ({m.note})" if m.note else "")
+            )
+    if r.executions:
+        lines += ["", "== probe executions"]
+        for x in r.executions:
+            params = " ".join(f"{k}={v}" for k, v in sorted(x.params.items()))
+            origin = f"reused from run {x.run_id}" if x.reused else f"run {x.run_id}"
+            wall = f"{x.wall_s:.1f} s" if x.wall_s is not None else "not timed"
+            lines.append(
+                f"  {x.notebook} {params}: {x.status}, {wall}, {origin} (runs/{x.run_id}/executions/{x.id}/)"
+                + (f" UNFIT: {x.unfit}" if x.unfit else "")
+            )
+    lines += ["", "== history"]
+    previous = None
+    for entry in runs:
+        flip = flip_note(previous, entry.result.verdict)
+        lines.append(
+            f"  {entry.run_id}  {entry.result.verdict:<13} {measured_text(entry.result) or entry.result.reason or ''}"
+            + (f"  {flip}" if flip else "")
+        )
+        previous = entry.result.verdict
+    return "\n".join(lines) + "\n"
+
+
+def describe_json(project: Project, hid: str) -> dict:
+    """`perfkit show ID --json`: the record's hash and path, the standing result and every measurement."""
+    hypotheses = {h.id: h for h in load_hypotheses(project)}
+    entries = history(load_all_results(project))
+    if hid not in hypotheses and hid not in entries:
+        raise UserError(f"no such hypothesis: {hid} (known: {', '.join(sorted(hypotheses)) or 'none'})")
+    h = hypotheses.get(hid)
+    runs = entries.get(hid, [])
+    return {
+        "id": hid,
+        "record": {"path": project.relative(h.path), "hash": h.hash, "claim": h.claim} if h else None,
+        "stale": bool(h and runs and standing(runs).result.hash != h.hash),
+        "standing": {"run_id": standing(runs).run_id, **standing(runs).result.to_json()} if runs else None,
+        "history": [
+            {
+                "run_id": e.run_id,
+                "how": run_words(e.run),
+                "verdict": e.result.verdict,
+                "measured": measured_text(e.result),
+            }
+            for e in runs
+        ],
+    }

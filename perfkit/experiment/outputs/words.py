@@ -1,0 +1,65 @@
+"""The phrases every output writes the same way: a measurement, its evidence, how far off, a flip, a run."""
+
+from __future__ import annotations
+
+from perfkit.experiment.results import HypothesisResult, RunResults
+
+
+def cell(text: str | None) -> str:
+    if not text:
+        return "—"
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").strip()
+
+
+DEFAULT_LEVEL = "95%"  # what the headers of every view say; a measurement judged at another level says its own
+LEVEL_NOTE = (
+    "A measurement marked with another level (98.3%) comes from a run that looked at the evidence more than\n"
+    "once: each look is judged at that wider interval, and the verdict with it.\n"
+)
+
+
+def measured_text(result: HypothesisResult) -> str | None:
+    """'0.18 ms [0.16, 0.21]', or '... (98.3% interval)' when the verdict was judged at another level than 95%."""
+    if result.measured is None:
+        return None
+    level = result.measured.level()
+    return result.measured.text() + ("" if level == DEFAULT_LEVEL else f" ({level} interval)")
+
+
+def other_levels(results: list[HypothesisResult]) -> bool:
+    """Whether any of these was judged at another level than the headers' 95%."""
+    return any(r.measured is not None and r.measured.level() != DEFAULT_LEVEL for r in results)
+
+
+def evidence_text(result: HypothesisResult) -> str | None:
+    """What the interval rests on and why the run stopped adding replicates."""
+    parts = [p for p in (result.measured.evidence() if result.measured else None, result.stopped) if p]
+    return "; ".join(parts) or None
+
+
+def flip_note(previous: str | None, current: str, *, mark: str = "") -> str | None:
+    """'flip (was refuted)' when a verdict changed from the previous run's; `mark` emphasizes the word."""
+    if previous is None or previous == current:
+        return None
+    return f"{mark}flip{mark} (was {previous})"
+
+
+def off_by_text(result: HypothesisResult) -> str | None:
+    if result.measured is None:
+        return result.reason
+    if result.reason:
+        return f"{result.off_by} ({result.reason})" if result.off_by else result.reason
+    return result.off_by
+
+
+def run_words(run: RunResults | None) -> str:
+    """How a run measured, in a few words: mode, commit, profiler."""
+    if run is None:
+        return ""
+    commit = (run.git_commit or "")[:8]
+    parts = ["quick" if run.quick else "full"]
+    if commit:
+        parts.append(commit + (" dirty" if run.git_dirty else ""))
+    if run.profile:
+        parts.append(f"profiled: {run.profile}")
+    return ", ".join(parts)

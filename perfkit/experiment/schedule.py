@@ -1,0 +1,198 @@
+"""Scheduling a run's executions: reuse or execute each replicate, in rounds, retrying busy ones once.
+
+Replicates run in rounds (replicate 0 of every execution, then 1, ...), each round in an order
+shuffled with a fixed seed, so drift and background load spread over all executions instead of
+landing on one. An execution runs here, `--jobs` at a time, or on a Dask cluster
+(perfkit/experiment/cluster.py); either way it comes back as an `execute.Ended` and is finished
+the same way: fitness judged from its utilization trace, its files written, one line printed.
+A replicate measured on a busy machine is re-run once at the end of the look.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+from perfkit.experiment import cluster as remote
+from perfkit.experiment import execute as executor
+from perfkit.experiment import profiling
+from perfkit.experiment.context import Printer, RunContext
+from perfkit.experiment.plan import REPLICATE_PARAM
+from perfkit.experiment.results import Execution, read_execution, write_execution
+from perfkit.files import dumps, write_atomic
+from perfkit.machine import fitness, utilization
+from perfkit.paths import Project
+
+
+def find_cached(project: Project, planned: Execution, current_run: str) -> Execution | None:
+    """The latest earlier execution of this key and replicate that ended well on a fit machine."""
+    if not project.runs_dir.is_dir():
+        return None
+    for run_dir in sorted((p for p in project.runs_dir.iterdir() if p.is_dir()), reverse=True):
+        if run_dir.name == current_run:
+            continue
+        path = run_dir / "executions" / planned.id / "execution.json"
+        if path.is_file():
+            found = read_execution(path, project.relative(path))
+            if (
+                found.status == "ok"
+                and found.key == planned.key
+                and found.replicate == planned.replicate
+                and not found.unfit
+            ):
+                return found
+    return None
+
+
+def label(x: Execution) -> str:
+    return f"{x.label()} [replicate {x.replicate}]"
+
+
+def finish(exec_dir: Path, ended: executor.Ended, *, tag: str, say: Printer) -> Execution:
+    """After an execution, wherever it ran: fitness from its trace, its files, one line saying how it ended."""
+    execution = ended.execution
+    if ended.trace is not None:
+        execution = replace(execution, unfit=fitness.unfit(ended.trace, ended.window()))
+        write_atomic(exec_dir / "utilization.json", dumps(json.loads(json.dumps(ended.trace, default=str))))
+        utilization.plot_trace(ended.trace, exec_dir / "utilization.png", intervals=list(ended.cells))
+    write_execution(exec_dir / "execution.json", execution)
+    detail = f"{len(execution.records)} records" if execution.status == "ok" else execution.reason
+    status = "ok" if execution.status == "ok" else execution.status.upper()
+    on = f" on {execution.host}" if execution.host else ""
+    say(
+        f"{tag} finished {label(execution)}{on}  {execution.wall_s:.1f} s  {status}: {detail}"
+        + (f"  UNFIT: {execution.unfit}" if execution.unfit else "")
+    )
+    return execution
+
+
+def _execute_one(ctx: RunContext, planned: Execution, kernel_dir: Path, *, told: bool, tag: str) -> Execution:
+    """One replicate on this machine."""
+    exec_dir = ctx.run_dir.execution_dir(planned.id)
+    exec_dir.mkdir(parents=True, exist_ok=True)
+    env = fitness.thread_env(sharing=ctx.options.jobs)
+    threads = env.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS")
+    profiled = profiling.prepare(ctx.options.profile, ctx.project.notebooks_dir / planned.notebook, exec_dir)
+    if profiled.kernel_prefix:  # the kernel itself runs under the profiler: a kernelspec of its own
+        kernel_dir = executor.ensure_kernelspec(exec_dir / "jupyter", prefix=profiled.kernel_prefix)
+    job = executor.Job(
+        planned=planned,
+        notebook=profiled.notebook,
+        exec_dir=exec_dir,
+        run_id=ctx.run_dir.run_id,
+        cwd=ctx.project.notebooks_dir,
+        kernel_dir=kernel_dir,
+        timeout_s=ctx.options.timeout_s,
+        env={**env, **(profiled.env or {})},
+        extra={REPLICATE_PARAM: planned.replicate} if told else None,
+    )
+    ctx.say(f"{tag} start    {label(planned)}  ({threads} threads)")
+    return finish(exec_dir, executor.measure(job), tag=tag, say=ctx.say)
+
+
+def _round(ctx: RunContext, batch: list[Execution], tags: dict[str, str], done: dict) -> None:
+    """Execute one round's executions, `--jobs` at a time (or on the cluster), filling `done` as each ends."""
+    if ctx.client is not None:
+        _on_cluster(ctx, batch, tags, done)
+        return
+    kernel_dir = executor.ensure_kernelspec(ctx.run_dir.path / "jupyter")
+    pool = ThreadPoolExecutor(max_workers=ctx.options.jobs)
+    try:
+        futures = {
+            pool.submit(_execute_one, ctx, x, kernel_dir, told=x.key in ctx.plan.told, tag=tags[x.id]): x for x in batch
+        }
+        for future, x in futures.items():
+            done[x.id] = future.result()
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        executor.kill_all()
+        raise
+    pool.shutdown()
+
+
+def _on_cluster(ctx: RunContext, batch: list[Execution], tags: dict[str, str], done: dict) -> None:
+    def started(x: Execution, how: str) -> None:
+        ctx.say(f"{tags[x.id]} start    {label(x)}  ({how})")
+
+    def ended(x: Execution, got: executor.Ended) -> None:
+        exec_dir = ctx.run_dir.execution_dir(x.id)
+        exec_dir.mkdir(parents=True, exist_ok=True)
+        done[x.id] = finish(exec_dir, got, tag=tags[x.id], say=ctx.say)
+
+    requests = [
+        remote.Request(
+            planned=x,
+            exec_dir=ctx.run_dir.execution_dir(x.id),
+            extra={REPLICATE_PARAM: x.replicate} if x.key in ctx.plan.told else None,
+            resources=ctx.plan.resources.get(x.key, {}),
+        )
+        for x in batch
+    ]
+    remote.execute(
+        ctx.client,
+        ctx.project,
+        remote.Round(run_id=ctx.run_dir.run_id, timeout_s=ctx.options.timeout_s, requests=requests),
+        started=started,
+        ended=ended,
+    )
+
+
+def _reuse(ctx: RunContext, fresh: list[Execution]) -> tuple[list[Execution], list[Execution]]:
+    """(to execute, reused): each replicate an earlier run measured with the same key is taken from it."""
+    to_run, reused = [], []
+    for planned in fresh:
+        cached = None if ctx.options.force else find_cached(ctx.project, planned, ctx.run_dir.run_id)
+        if cached is None:
+            to_run.append(planned)
+            continue
+        ctx.done[planned.id] = replace(cached, reused=True)
+        write_execution(ctx.run_dir.execution_dir(planned.id) / "execution.json", ctx.done[planned.id])
+        reused.append(planned)
+    return to_run, reused
+
+
+def _retry_unfit(ctx: RunContext, ran: list[Execution]) -> None:
+    """Re-run, once, each replicate measured while the machine was busy; the first attempt's evidence is kept."""
+    retry = [x for x in ran if ctx.done[x.id].unfit] if ctx.options.retry_unfit else []
+    if not retry:
+        return
+    ctx.say(f"re-running {len(retry)} replicates measured while the machine was busy")
+    for x in retry:
+        first_try = ctx.run_dir.execution_dir(x.id)
+        first_try.rename(first_try.with_name(first_try.name + "-unfit"))
+    again: dict[str, Execution] = {}
+    _round(ctx, retry, {x.id: f"[{i + 1}/{len(retry)}]" for i, x in enumerate(retry)}, again)
+    for x in retry:
+        if again[x.id].status == "ok":
+            ctx.done[x.id] = again[x.id]
+            continue
+        failed = ctx.run_dir.execution_dir(x.id)  # the re-run broke: the first attempt stands, as it was
+        failed.rename(failed.with_name(failed.name + "-retry-failed"))
+        failed.with_name(failed.name + "-unfit").rename(failed)
+
+
+def execute(ctx: RunContext) -> None:
+    """Reuse or execute every replicate of `ctx.plan` not yet in `ctx.done`, filling it as each ends."""
+    the_plan = ctx.plan
+    fresh = [x for x in the_plan.replicated() if x.id not in ctx.done]  # not had by an earlier look of this run
+    to_run, reused = _reuse(ctx, fresh)
+    counts = "/".join(str(n) for n in sorted(set(the_plan.replicates.values())))
+    ctx.say(
+        f"run {ctx.run_dir.run_id}: {len(the_plan.needs)} hypotheses, {len(the_plan.executions)} probe executions x "
+        f"{counts} replicates ({len(to_run)} to execute, {len(reused)} reused){' [quick]' if ctx.options.quick else ''}"
+    )
+    for x in reused:
+        origin = ctx.done[x.id]
+        ctx.say(f"[reused]  {label(x)}  from run {origin.run_id} ({origin.wall_s:.1f} s there)")
+    started = 0
+    for r in sorted({x.replicate for x in to_run}):
+        batch = [x for x in to_run if x.replicate == r]
+        random.Random(r).shuffle(batch)
+        tags = {x.id: f"[{started + i + 1}/{len(to_run)}]" for i, x in enumerate(batch)}
+        _round(ctx, batch, tags, ctx.done)
+        started += len(batch)
+    _retry_unfit(ctx, to_run)

@@ -1,0 +1,105 @@
+"""The one set of record builders the tests share: hypotheses, executions, metrics, results, runs.
+
+Each builder fills what a test does not care about with a fixed, valid value, so a test names only
+what it is about. `run` starts a real `perfkit run` (perfkit.experiment.runner) with RunOptions.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from perfkit.experiment import results
+from perfkit.experiment.hypothesis import Hypothesis, Probe, Sweep
+from perfkit.experiment.kinds.base import Expect
+from perfkit.experiment.results import Execution, HypothesisResult, Measured, RunResults
+from perfkit.paths import Project
+from perfkit.samples import MetricRecord
+
+
+def hypothesis(expect: Expect, sweep: Sweep | None = None, *, id: str = "h", notebook: str = "p.ipynb") -> Hypothesis:
+    """A hypothesis record as loaded, without a file behind it."""
+    return Hypothesis(
+        id=id,
+        claim="c",
+        rationale="r",
+        expect=expect,
+        probe=Probe(notebook=notebook, sweep=sweep),
+        tags=(),
+        path=Path(f"{id}.yaml"),
+        hash="0",
+    )
+
+
+def execution(*records: MetricRecord, **fields: Any) -> Execution:
+    """An execution that ended "ok" in run "r" with these records (any field can be given)."""
+    base = {"key": "k", "notebook": "p.ipynb", "params": {}, "status": "ok", "wall_s": 1.0, "run_id": "r"}
+    return Execution(**(base | fields), records=tuple(records))
+
+
+def metric(name, mean, *, n=30, unit="ms", spread=0.02, at=None, breakdown=None, seed=0) -> MetricRecord:
+    """n samples of `name` around `mean` with a relative spread, the same for the same arguments."""
+    rng = np.random.default_rng(seed + zlib.crc32(name.encode()))
+    samples = tuple(float(x) for x in mean * (1 + spread * rng.standard_normal(n)))
+    return MetricRecord(name=name, unit=unit, samples=samples, at=at, breakdown=breakdown)
+
+
+def result(hid: str, verdict: str, value: float | None = 1.0, run_id: str = "r1", **fields: Any) -> HypothesisResult:
+    """A stored result: `value` ms measured within `width` (default ±10%) by one execution keyed by `run_id`."""
+    width = fields.pop("width", 0.1)
+    measured = (
+        None
+        if value is None
+        else Measured(label="mean", unit="ms", value=value, low=value * (1 - width), high=value * (1 + width))
+    )
+    base = {
+        "id": hid,
+        "hash": "0",
+        "claim": f"claim of {hid}",
+        "kind": "cost",
+        "expected": "≈ 1 ms (×2)",
+        "verdict": verdict,
+        "reason": None,
+        "measured": measured,
+        "off_by": None,
+        "plot": f"plots/{hid}.png",
+        "executions": (Execution(key=run_id, notebook="fixture_probe.ipynb", params={}, status="ok", run_id=run_id),),
+    }
+    return HypothesisResult(**(base | fields))
+
+
+def of(h: Hypothesis, verdict: str, value: float | None = 1.0, run_id: str = "r1", **fields: Any) -> HypothesisResult:
+    """`result` for a loaded hypothesis: its id, hash, claim and kind."""
+    return result(h.id, verdict, value, run_id, hash=h.hash, claim=h.claim, kind=h.expect.kind, **fields)
+
+
+def run_results(run_id: str, *hypotheses: HypothesisResult, **fields: Any) -> RunResults:
+    """A run's results as stored."""
+    base = {
+        "run_id": run_id,
+        "created": "2025-01-01T00:00:00Z",
+        "command": "perfkit run",
+        "quick": True,
+        "git_commit": None,
+        "git_dirty": None,
+    }
+    return RunResults(**(base | fields), hypotheses=tuple(hypotheses))
+
+
+def store(project: Project, run_id: str, *hypotheses: HypothesisResult, **fields: Any) -> RunResults:
+    """Write a run's results file into the project, as a finished run would."""
+    stored = run_results(run_id, *hypotheses, **fields)
+    results.write_results(project, stored)
+    return stored
+
+
+def run(project: Project, *, out=print, **options: Any):
+    """`perfkit run` in this process: RunOptions from the keywords (`ids` a list), lines to `out`."""
+    from perfkit.experiment import runner
+    from perfkit.experiment.options import RunOptions
+
+    ids = tuple(options.pop("ids", ()))
+    return runner.run(project, RunOptions(ids=ids, **options), out=out)

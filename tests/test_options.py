@@ -1,0 +1,91 @@
+"""A run's options are declared once (perfkit/experiment/options.py): the CLI, run() and the manifest agree."""
+
+import argparse
+import json
+import shutil
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from perfkit.cli import _parser
+from perfkit.errors import UserError
+from perfkit.experiment import options
+from perfkit.experiment.options import RunOptions
+
+FIXTURES = Path(__file__).parent / "fixtures" / "project"
+FLAGGED = [f for f in fields(RunOptions) if "flag" in f.metadata]
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return _parser().parse_args(["run", *argv])
+
+
+def test_every_declared_option_is_a_flag_of_perfkit_run_with_its_help():
+    run = next(a for a in _parser()._subparsers._group_actions[0].choices.values() if a.prog.endswith(" run"))
+    by_dest = {a.dest: a for a in run._actions}
+    assert len(FLAGGED) >= 10
+    for f in FLAGGED:
+        assert f.name in by_dest, f.name
+        assert by_dest[f.name].help == f.metadata["help"]
+        if f.metadata["flag"].startswith("--"):
+            assert f.metadata["flag"] in by_dest[f.name].option_strings
+
+
+def test_flags_not_given_keep_the_declared_defaults():
+    chosen = options.from_args(parse("h1"), command="perfkit run h1")
+    assert chosen == RunOptions(ids=("h1",), command="perfkit run h1")
+
+
+def test_every_flag_reaches_its_field():
+    args = parse(
+        "a", "b", "--quick", "--jobs", "2", "--param", "n=8", "--param", "xs=[1, 2]", "--timeout", "30",
+        "--force", "--cluster", "local:2", "--replicates", "4", "--max-replicates", "9",
+    )  # fmt: skip
+    chosen = options.from_args(args, command="c")
+    assert chosen == RunOptions(
+        ids=("a", "b"),
+        quick=True,
+        jobs=2,
+        overrides={"n": 8, "xs": [1, 2]},
+        timeout_s=30.0,
+        force=True,
+        cluster="local:2",
+        replicates=4,
+        max_replicates=9,
+        command="c",
+    )
+    assert set(chosen.recorded()) == {f.name for f in FLAGGED}  # the manifest names every option
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({}, "name the hypotheses to run, or pass --all"),
+        ({"ids": ("a",), "all": True}, "not both"),
+        ({"all": True, "jobs": 0}, "--jobs must be at least 1"),
+        ({"all": True, "timeout_s": 0}, "--timeout must be positive"),
+        ({"all": True, "replicates": 0}, "--replicates must be from 1"),
+        ({"all": True, "profile": "perf"}, "--profile: expected one of torch, nsys"),
+        ({"all": True, "profile": "torch", "cluster": "local:1"}, "--profile with --cluster"),
+    ],
+)
+def test_bad_options_are_refused_before_anything_runs(given, message):
+    with pytest.raises(UserError, match=message):
+        RunOptions(**given).check()
+
+
+def test_the_manifest_records_the_options_the_run_was_given(tmp_path, monkeypatch):
+    from records import run
+
+    from perfkit.experiment import runner, schedule
+    from perfkit.paths import Project
+
+    shutil.copytree(FIXTURES, tmp_path / "p")
+    monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
+    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None: None)
+    report = run(Project(tmp_path / "p"), ids=["fx-cost-confirmed"], quick=True, replicates=1, out=lambda s: None)
+    manifest = json.loads((tmp_path / "p" / "runs" / report.run_id / "manifest.json").read_text())
+    assert manifest["options"]["ids"] == ["fx-cost-confirmed"] and manifest["options"]["quick"] is True
+    assert manifest["options"]["replicates"] == 1 and manifest["confidence"] == 0.95
+    assert set(manifest["options"]) == {f.name for f in FLAGGED} | {"hypotheses"}
