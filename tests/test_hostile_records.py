@@ -226,34 +226,15 @@ def test_results_and_plots_are_never_written_through_a_link_out_of_the_project(t
 
 
 def test_a_probe_that_records_a_negative_duration_gets_an_error_not_a_verdict():
-    from pathlib import Path
+    from records import execution, hypothesis
 
-    from perfkit.experiment.hypothesis import Hypothesis, Probe
+    from perfkit.experiment.judging import judge
     from perfkit.experiment.kinds import expectation
-    from perfkit.experiment.results import Execution
-    from perfkit.experiment.verdict import Verdict, judge
+    from perfkit.experiment.verdict import Verdict
     from perfkit.samples import MetricRecord
 
-    h = Hypothesis(
-        id="h",
-        claim="c",
-        rationale="r",
-        tags=(),
-        path=Path("h.yaml"),
-        hash="0",
-        expect=expectation(kind="at_most", metric="t", unit="ms", value=1.0),
-        probe=Probe(notebook="p.ipynb"),
-    )
-    run = Execution(
-        key="k",
-        notebook="p.ipynb",
-        params={},
-        status="ok",
-        wall_s=1.0,
-        run_id="r",
-        records=(MetricRecord(name="t", unit="ms", samples=(-1.0,) * 10),),
-    )
-    j = judge(h, [run])
+    h = hypothesis(expectation(kind="at_most", metric="t", unit="ms", value=1.0))
+    j = judge(h, [execution(MetricRecord(name="t", unit="ms", samples=(-1.0,) * 10))])
     assert j.verdict is Verdict.ERROR and "negative durations" in j.reason
 
 

@@ -125,3 +125,29 @@ def test_show_prints_record_evidence_and_history(project, capsys):
     assert "latest verdict (run 20250102-000000)  [STALE" in out
     assert "20250102-000000  refuted" in out and "flip (was confirmed)" in out
     assert main(["--root", str(project.root), "show", "nope"]) == 2
+
+
+def test_the_shipped_results_render_the_committed_ledger_byte_for_byte():
+    """A golden test on committed fixtures: the renderer (moved to perfkit/experiment/outputs/) still
+    writes exactly the LEDGER.md that the stored results produced when they were committed."""
+    root = Path(__file__).resolve().parents[1]
+    stored = results.load_all_results(Project(root))
+    assert len(stored) >= 3
+    assert ledger.render(stored) == (root / "hypotheses" / "LEDGER.md").read_text(encoding="utf-8")
+
+
+def test_a_verdict_judged_at_another_level_says_so_in_every_view(project):
+    from perfkit.experiment.outputs import diff as diff_view
+    from perfkit.experiment.outputs import show
+
+    h = load_hypotheses(project)[0]
+    wide = of(h, "confirmed", 1.0, "1", executions=())
+    wide = replace(wide, measured=replace(wide.measured, confidence=1 - 0.05 / 3))
+    store(project, "1", [wide])
+    text = ledger.render(results.load_all_results(project))
+    assert "1 ms [0.9, 1.1] (98.3% interval)" in text and "looked at the evidence more than" in text
+    assert "(98.3% interval)" in show.describe(project, h.id)
+    from perfkit.experiment.compare import compare
+
+    changes = compare([], results.load_all_results(project))
+    assert "95% unless marked" in diff_view.markdown(changes, "base")

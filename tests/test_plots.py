@@ -59,3 +59,31 @@ def test_every_kind_plots_and_the_bytes_are_reproducible(tmp_path, name):
     second = plot_verdict(h, j, points, tmp_path / "b.png").read_bytes()
     assert first.startswith(b"\x89PNG") and first == second
     assert len(first) < 80_000  # small enough to commit next to the ledger
+
+
+def test_the_ledger_copy_is_scaled_from_the_one_rendering_not_drawn_again():
+    import io
+
+    from PIL import Image
+
+    h, j, points = CASES["cost"]()
+    png = plots.render(h.id, j, points, h.expect.plot)
+    small = plots.scaled(png, plots.LEDGER_DPI / plots.DPI)
+    assert small == plots.scaled(png, plots.LEDGER_DPI / plots.DPI)  # the same bytes every time
+    with Image.open(io.BytesIO(png)) as big, Image.open(io.BytesIO(small)) as thumb:
+        assert big.size == (960, 540) and thumb.size == (640, 360)  # 6.4 x 3.6 in at 150 and 100 dpi
+    assert len(small) < len(png)
+
+
+def test_a_plot_prints_the_level_its_verdict_was_judged_at():
+    from perfkit.experiment.judging import judged
+
+    h, _, _ = CASES["cost"]()
+    executions = [execution(noisy("m", 1.0, seed=s), replicate=s) for s in range(3)]
+    item = judged(h, executions, confidence=1 - 0.05 / 3)
+    drawn = []
+    plots.render(
+        h.id, item.judgement, list(item.points), lambda fig, jj, pp: drawn.append(fig) or h.expect.plot(fig, jj, pp)
+    )
+    labels = [t.get_text() for ax in drawn[0].axes for t in ax.get_legend().get_texts()] if drawn else []
+    assert "mean, 98.3% interval" in labels

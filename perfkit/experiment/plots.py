@@ -83,14 +83,14 @@ def render(title: str, j: Judgement, points: list[Point], draw: Draw, *, dpi: in
 
 
 def scaled(png: bytes, factor: float) -> bytes:
-    """The same plot, `factor` times the size (a smaller copy for the ledger, made without drawing again)."""
+    """The same plot, `factor` times the size, in 256 colours: the ledger's copy, small to commit, not drawn again."""
     from PIL import Image
 
     with Image.open(io.BytesIO(png)) as image:
         size = (max(1, round(image.width * factor)), max(1, round(image.height * factor)))
-        small = image.convert("RGBA").resize(size, Image.Resampling.LANCZOS)
+        small = image.convert("RGB").resize(size, Image.Resampling.LANCZOS)
     buffer = io.BytesIO()
-    small.save(buffer, format="PNG", optimize=False)
+    small.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(buffer, format="PNG", optimize=True)
     return buffer.getvalue()
 
 
