@@ -49,7 +49,7 @@ class RunOptions:
     ids: tuple[str, ...] = _flag((), "ids", "hypotheses to run", nargs="*", metavar="ID")
     all: bool = _flag(False, "--all", "run every hypothesis", action="store_true")
     quick: bool = _flag(False, "--quick", "use each probe's quick parameters", action="store_true")
-    jobs: int = _flag(1, "--jobs", "probe executions at a time (default 1)", type=int)
+    jobs: int = _flag(1, "--jobs", "probe executions at a time (default 1)", type=int, metavar="N")
     overrides: dict[str, Any] = _flag(
         {},
         "--param",
