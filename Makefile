@@ -16,11 +16,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet torch==2.13.0 --index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install --quiet -e '.[test,lab,cluster]'
-	$(BIN)/python -m ipykernel install --sys-prefix --name perfkit --display-name "perfkit (.venv)" >/dev/null
-	# probe notebooks reach git without outputs (.gitattributes; perfkit/experiment/strip.py)
-	-git rev-parse --git-dir >/dev/null 2>&1 && git config filter.perfkit-notebook.clean "$(BIN)/python -m perfkit.experiment.strip"
-	# two branches that re-judged different hypotheses merge LEDGER.md by rendering it again
-	-git rev-parse --git-dir >/dev/null 2>&1 && git config merge.perfkit-ledger.driver "$(BIN)/python -m perfkit.experiment.merge %A %P"
+	# the `perfkit` kernel (the project on its import path), the notebook clean filter and the LEDGER.md merge
+	# driver: what `perfkit init` sets up in any repository, here through this checkout's .venv
+	-$(BIN)/perfkit init . >/dev/null
 	touch $(STAMP)
 
 run: $(STAMP)  ## every shipped hypothesis in quick mode; writes runs/<id>/ and hypotheses/LEDGER.md
@@ -41,7 +39,7 @@ lab: $(STAMP)  ## JupyterLab on notebooks/ (works as root too, as in containers)
 	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/
 
 kernel: $(STAMP)  ## register the `perfkit` kernel for your own Jupyter (user-wide, outside .venv)
-	$(BIN)/python -m ipykernel install --user --name perfkit --display-name "perfkit (.venv)"
+	$(BIN)/perfkit kernel --user
 
 bench: $(STAMP)
 	$(BIN)/perfkit engine benchmarks

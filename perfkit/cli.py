@@ -25,6 +25,8 @@ _DELEGATED = {
     "roofline": "perfkit.machine.roofline",
     "overhead": "perfkit.machine.overhead",
     "prof": "perfkit.probe.proflines",
+    "init": "perfkit.experiment.init",
+    "kernel": "perfkit.probe.kernel",
 }
 
 

@@ -116,19 +116,20 @@ def test_an_unreachable_scheduler_and_a_missing_extra_are_clear_and_write_nothin
 
 
 def test_rounds_of_executions_on_one_client_each_find_their_input(project, tmp_path):
-    """The notebooks shipped by one round are released as the next round ships its own."""
+    """A run ships its code once; each round's tasks read it, as runs on one client follow each other."""
     from perfkit.experiment.results import Execution
 
     client = cluster.connect("local:2")
     try:
-        ended = []
+        ended, shipped = [], None
         for round_ in range(5):  # one right after another, as a run's rounds of replicates go
+            if round_ % 2 == 0:  # a new run every other round: its own archive, the last one released
+                shipped = cluster.ship(client, project)
             planned = Execution(key=f"k{round_}", notebook="fixture_probe.ipynb", params={"mode": "ok", "n": 1000})
             request = cluster.Request(planned, tmp_path / f"r{round_}", extra=None, resources={})
             cluster.execute(
                 client,
-                project,
-                cluster.Round(run_id="test", timeout_s=60, requests=[request]),
+                cluster.Round(run_id="test", timeout_s=60, requests=[request], shipped=shipped),
                 started=lambda x, how: None,
                 ended=lambda x, got: ended.append(got),
             )

@@ -121,6 +121,8 @@ def test_the_cache_key_ignores_outputs_and_prose_but_not_code_or_the_environment
     assert base["env"] == {}
     for name, value in (("OMP_NUM_THREADS", "1"), ("CUDA_VISIBLE_DEVICES", "3"), ("TORCHINDUCTOR_MAX_AUTOTUNE", "1")):
         assert plan.environment_key({name: value})["env"] == {name: value}
-    key = plan.execution_key(before, {}, "src", None, base)
-    assert key != plan.execution_key(before, {}, "src", None, {**base, "torch": "2.12.0"})
-    assert key != plan.execution_key(before, {}, "src", "torch", base)
+    key = plan.execution_key(before, {}, "src", None, base, "code")
+    assert key == plan.execution_key(before, {}, "src", None, dict(base), "code")
+    assert key != plan.execution_key(before, {}, "src", None, {**base, "torch": "2.12.0"}, "code")
+    assert key != plan.execution_key(before, {}, "src", "torch", base, "code")
+    assert key != plan.execution_key(before, {}, "src", None, base, "other code under test")

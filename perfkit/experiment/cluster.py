@@ -1,8 +1,10 @@
 """Probe executions on a Dask cluster: `perfkit run --cluster ADDRESS` or `--cluster local:N`.
 
 The client (the `perfkit run` process) plans, judges and writes, exactly as for a local run; only
-the executions go to the workers. Each one ships the project's notebooks/ folder (no shared
-filesystem is assumed), runs there in its own kernel process under the same per-probe timeout,
+the executions go to the workers. A run ships the project's code under test and notebooks/ once, as
+one archive (no shared filesystem is assumed; a worker unpacks each archive once, by its hash, and
+puts it on the probe's import path), and each execution runs there in its own kernel process under
+the same per-probe timeout,
 with a utilization trace of that worker's machine, and sends back the executed notebook, its
 records, its log, the trace and the worker's machine in words. Nothing else is written remotely.
 
@@ -19,16 +21,21 @@ object). The default is a local cluster on this machine.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import platform
+import shutil
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from perfkit.errors import UserError
+from perfkit.experiment import code, config
 from perfkit.experiment import execute as executor
 from perfkit.experiment.results import Execution
 from perfkit.files import Reader
@@ -36,7 +43,7 @@ from perfkit.paths import Project
 
 RESOURCE = "measure"  # one per worker: the scheduler never runs two executions on one worker
 INSTALL = "pip install 'perfkit[cluster]'  (or: pip install distributed)"
-MAX_SHIPPED_BYTES = 64 * 2**20  # notebooks/ is code and small inputs; a bigger folder is a mistake
+MAX_SHIPPED_BYTES = 64 * 2**20  # code and small inputs; a bigger archive is a mistake (or needs `code = [...]`)
 
 
 def _distributed():
@@ -116,21 +123,56 @@ def where(client) -> str:
     return f"{len(workers)} workers on {len(hosts)} machine{'s' if len(hosts) != 1 else ''} ({', '.join(hosts)})"
 
 
-def _folder(root: Path) -> dict[str, bytes]:
-    files, size = {}, 0
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and ".ipynb_checkpoints" not in path.parts:
+def archive(project: Project) -> tuple[str, bytes]:
+    """(digest, zip) of what every execution needs from the project: the code under test and notebooks/.
+
+    The zip is deterministic (sorted names, fixed times), so the same files give the same digest and
+    a worker that unpacked it once reuses it.
+    """
+    buffer, size = io.BytesIO(), 0
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as packed:
+        for path in code.files(project, config.read(project).code):
             data = path.read_bytes()
             size += len(data)
-            files[path.relative_to(root).as_posix()] = data
-    if size > MAX_SHIPPED_BYTES:
-        raise UserError(f"notebooks/ holds {size / 2**20:.0f} MiB; a cluster run ships it whole (at most 64 MiB)")
-    return files
+            if size > MAX_SHIPPED_BYTES:
+                raise UserError(
+                    f"the code a cluster run ships is over {MAX_SHIPPED_BYTES // 2**20} MiB "
+                    f"(at {project.relative(path)}); name what the probes import in [tool.perfkit] code = [...]"
+                )
+            info = zipfile.ZipInfo(path.relative_to(project.root).as_posix(), date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type, info.external_attr = (
+                zipfile.ZIP_DEFLATED,
+                (0o755 if os.access(path, os.X_OK) else 0o644) << 16,
+            )
+            packed.writestr(info, data)
+    blob = buffer.getvalue()
+    return hashlib.sha256(blob).hexdigest()[:16], blob
 
 
-def payload(project: Project) -> dict[str, bytes]:
-    """What every execution needs from the project: the notebooks folder."""
-    return _folder(project.notebooks_dir)
+def ship(client, project: Project):
+    """Send the project's code and notebooks to every worker once per run: a future the run's rounds share."""
+    digest, blob = archive(project)
+    # One future for the whole archive, under a key of its own (hash=False): a key shared with an earlier
+    # run's archive being released would lose this run's tasks their input ("lost dependencies").
+    (shipped,) = client.scatter([{"digest": digest, "archive": blob}], broadcast=True, hash=False)
+    return shipped
+
+
+def unpacked(shipped: dict[str, Any]) -> Path:
+    """The worker's copy of the project's code, unpacked once per digest under the temporary folder."""
+    cache = Path(tempfile.gettempdir()) / "perfkit-code"
+    target = cache / shipped["digest"]
+    if target.is_dir():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{shipped['digest']}-", dir=cache))
+    with zipfile.ZipFile(io.BytesIO(shipped["archive"])) as packed:
+        packed.extractall(partial)
+    try:
+        partial.rename(target)
+    except OSError:  # another worker on this machine unpacked it first
+        shutil.rmtree(partial, ignore_errors=True)
+    return target
 
 
 @dataclass(frozen=True)
@@ -145,33 +187,33 @@ class Request:
 
 @dataclass(frozen=True)
 class Round:
-    """A round of a run's executions, sent together."""
+    """A round of a run's executions, sent together, with the run's shipped code (`ship`)."""
 
     run_id: str
     timeout_s: float
     requests: list[Request]
+    shipped: Any  # the future `ship` returned
 
 
-def run_on_worker(notebooks: dict[str, bytes], request: dict[str, Any]) -> dict[str, Any]:
-    """The worker's side: execute one probe in a fresh folder, return its files, cell times and trace.
+def run_on_worker(shipped: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """The worker's side: execute one probe against the shipped code, return its files, cell times and trace.
 
     `request` holds the planned execution (`planned`, as JSON), `notebook`, `run_id`, `timeout_s` and `extra`.
     """
     from perfkit.machine import devices, fitness
 
+    code_root = unpacked(shipped)
     with tempfile.TemporaryDirectory(prefix="perfkit-worker-") as tmp:
         root = Path(tmp)
-        for rel, data in notebooks.items():
-            (root / "notebooks" / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / "notebooks" / rel).write_bytes(data)
         env = fitness.thread_env()
         ended = executor.measure(
             executor.Job(
                 planned=Execution.from_json(Reader(request["planned"], "planned execution")),
-                notebook=root / "notebooks" / request["notebook"],
+                notebook=code_root / "notebooks" / request["notebook"],
                 exec_dir=root / "exec",
                 run_id=request["run_id"],
-                cwd=root / "notebooks",
+                cwd=code_root / "notebooks",
+                code_root=code_root,
                 kernel_dir=executor.ensure_kernelspec(root / "jupyter"),
                 timeout_s=request["timeout_s"],
                 env=env,
@@ -205,7 +247,6 @@ def _arrived(got: dict[str, Any], exec_dir: Path) -> executor.Ended:
 
 def execute(
     client,
-    project: Project,
     batch: Round,
     *,
     started: Callable[[Execution, str], None],
@@ -217,10 +258,6 @@ def execute(
     Interrupted, the remote work still queued or running is cancelled.
     """
     distributed = _distributed()
-    # One future for the whole folder (a dict given to scatter would become one key per file name), under a
-    # key of its own (hash=False): the previous round's, being released, would otherwise share its key and
-    # this round's tasks would lose their input ("lost dependencies").
-    (shipped,) = client.scatter([payload(project)], broadcast=True, hash=False)
     futures = {}
     for request in batch.requests:
         planned = request.planned
@@ -233,7 +270,7 @@ def execute(
         }
         future = client.submit(
             run_on_worker,
-            shipped,
+            batch.shipped,
             sent,
             resources={RESOURCE: 1, **request.resources},
             pure=False,

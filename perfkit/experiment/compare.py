@@ -125,7 +125,7 @@ def load_base(project: Project, base: str | None) -> tuple[str, list[RunResults]
 # ---------------------------------------------------------------- comparing
 
 
-def _move(base: HypothesisResult, current: HypothesisResult) -> tuple[float | None, float | None]:
+def move(base: HypothesisResult, current: HypothesisResult) -> tuple[float | None, float | None]:
     """(factor, shift) of current against base when both intervals exist and do not overlap, else (None, None).
 
     A factor (current / base) for positive quantities in compatible units; a shift (current - base)
@@ -147,6 +147,17 @@ def _move(base: HypothesisResult, current: HypothesisResult) -> tuple[float | No
     return value / a.value, None
 
 
+def move_words(factor: float | None, shift: float | None) -> str:
+    """'12% higher', '3.0x lower', '+0.41': how far a measurement moved ('' when within the noise)."""
+    if factor is not None:
+        if 0.5 < factor < 2:
+            return f"{units.format_number(abs(factor - 1) * 100)}% {'higher' if factor >= 1 else 'lower'}"
+        return f"{units.format_factor(factor)} higher" if factor >= 1 else f"{units.format_factor(1 / factor)} lower"
+    if shift is not None:
+        return f"{'+' if shift >= 0 else '-'}{units.format_number(abs(shift))}"
+    return ""
+
+
 def compare(base: list[RunResults], current: list[RunResults]) -> list[Change]:
     """Every hypothesis in either, as one Change each, in reading order (KINDS, then id)."""
     before = {hid: standing(runs) for hid, runs in history(base).items()}
@@ -155,7 +166,7 @@ def compare(base: list[RunResults], current: list[RunResults]) -> list[Change]:
     for hid in sorted(set(before) | set(after)):
         b, a = before.get(hid), after.get(hid)
         br, ar = (b.result if b else None), (a.result if a else None)
-        move: tuple[float | None, float | None] = (None, None)
+        shifted: tuple[float | None, float | None] = (None, None)
         if br is None:
             kind = "added"
         elif ar is None:
@@ -166,13 +177,13 @@ def compare(base: list[RunResults], current: list[RunResults]) -> list[Change]:
             kind = "not-reproduced"
         elif br.hash != ar.hash:
             kind = "edited"
-        elif a.run_id != b.run_id and _move(br, ar) != (None, None):
+        elif a.run_id != b.run_id and move(br, ar) != (None, None):
             kind = "moved"
         else:
             kind = "unchanged"
         if br is not None and ar is not None and kind != "unchanged":
-            move = _move(br, ar)
-        changes.append(Change(hid, kind, br, ar, b.run_id if b else None, a.run_id if a else None, *move))
+            shifted = move(br, ar)
+        changes.append(Change(hid, kind, br, ar, b.run_id if b else None, a.run_id if a else None, *shifted))
     return sorted(changes, key=lambda c: (KINDS.index(c.kind), c.id))
 
 

@@ -12,6 +12,7 @@ from perfkit.experiment.plan import Plan
 from perfkit.experiment.replicates import Policy
 from perfkit.experiment.results import Execution
 from perfkit.experiment.rundir import RunDir
+from perfkit.experiment.why import Now
 from perfkit.paths import Project
 
 
@@ -47,5 +48,8 @@ class RunContext:
     policy: Policy
     plan: Plan
     say: Printer
+    now: Now | None = None  # what the keys are made of, to say what changed since an earlier run
     client: Any = None  # the Dask client, when the executions go to a cluster
+    shipped: Any = None  # the run's code on the cluster (cluster.ship), sent once
     done: dict[str, Execution] = field(default_factory=dict)  # execution id -> as it ended (or was reused)
+    why: dict[str, str] = field(default_factory=dict)  # execution key -> why it was executed again

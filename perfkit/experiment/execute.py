@@ -169,6 +169,7 @@ class Job:
     exec_dir: Path  # where executed.ipynb, its log and traceback go
     run_id: str
     cwd: Path  # the probe's working directory
+    code_root: Path  # the project's root: on the probe's import path, so it imports the code under test
     kernel_dir: Path  # holds the `perfkit` kernelspec (ensure_kernelspec)
     timeout_s: float
     env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
@@ -223,6 +224,8 @@ def _launch(job: Job, spec_path: Path, log_path: Path) -> tuple[bool, int | None
     child_env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(job.kernel_dir), os.environ.get("JUPYTER_PATH")) if p)
     child_env.pop("MPLBACKEND", None)  # let the kernel use its inline backend so figures land in the notebook
     child_env.update(job.env)
+    # the kernel (and whatever it starts) imports the project's own code without it being installed
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(job.code_root), child_env.get("PYTHONPATH")) if p)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "perfkit.experiment.execute", str(spec_path)],

@@ -57,7 +57,9 @@ _PROBE_KEYS = {
     "sweep": False,
     "replicates": False,
     "resources": False,
+    "code": False,
 }
+CODE_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$")  # a path under the project or a distribution name
 RESOURCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
 MAX_REPLICATES = 50
 _SWEEP_KEYS = {"param": True, "values": True, "quick": False}
@@ -88,6 +90,7 @@ class Probe:
     sweep: Sweep | None = None
     replicates: int | None = None  # independent kernel processes per execution; None: the run's default
     resources: dict[str, float] = field(default_factory=dict)  # what a cluster worker must offer: {"GPU": 1}
+    code: tuple[str, ...] = ()  # more code under test: paths under the project, installed distributions
 
 
 @dataclass(frozen=True)
@@ -289,9 +292,11 @@ def _check_probe(checker: Checker, raw: Any, project: Project, notebook_cache: d
                 checker.fail(where + ("resources", name), f"expected a number from 0 to 1024, got {amount!r}")
             else:
                 resources[name] = float(amount)
+    code = _check_code(checker, probe.get("code"), where + ("code",)) if "code" in probe else ()
     if len(checker.errors) > errors_before:
         return None
     return Probe(
+        code=code,
         notebook=notebook,
         params=dict(blocks.get("params", {})),
         quick=dict(blocks.get("quick", {})),
@@ -299,6 +304,17 @@ def _check_probe(checker: Checker, raw: Any, project: Project, notebook_cache: d
         replicates=replicates,
         resources=resources,
     )
+
+
+def _check_code(checker: Checker, raw: Any, where: tuple) -> tuple[str, ...]:
+    """`probe.code`: a list of paths under the project (no `..`) and installed distribution names."""
+    if not isinstance(raw, list) or not raw:
+        checker.fail(where, f"expected a list of paths and package names, got {type_name(raw)}")
+        return ()
+    for i, name in enumerate(raw):
+        if not isinstance(name, str) or not CODE_NAME.match(name) or ".." in name.split("/"):
+            checker.fail(where + (i,), f"expected a path under the project or a package name, got {name!r}")
+    return tuple(str(n) for n in raw)
 
 
 def _check_sweep(checker: Checker, raw: Any, declared: dict | None) -> Sweep | None:

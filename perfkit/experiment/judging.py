@@ -14,6 +14,7 @@ from typing import Any
 
 from perfkit import stats, units
 from perfkit.errors import UserError
+from perfkit.experiment import compare
 from perfkit.experiment.hypothesis import Hypothesis
 from perfkit.experiment.results import Execution, HypothesisResult, MetricSummary
 from perfkit.experiment.verdict import Inconclusive, Judgement, Point, Verdict
@@ -173,9 +174,13 @@ def summaries(item: Judged) -> tuple[MetricSummary, ...]:
     return tuple(sorted(out, key=lambda m: (m.name, json.dumps(m.at, sort_keys=True, default=str))))
 
 
+SAME_KEYS = "the same probe, parameters, code under test, packages, perfkit, environment and machine"
+
+
 def not_reproduced(result: HypothesisResult, previous: HypothesisResult | None, previous_run: str) -> str | None:
-    """What the last verdict measured, when nothing changed since (record, probe, parameters and code:
-    the same execution keys) and yet the two intervals are disjoint; else None."""
+    """What the last verdict measured, when nothing perfkit can see changed since (the record, and every
+    execution's key: probe, parameters, code under test, packages, environment, machine) and yet the two
+    intervals are disjoint; else None."""
     if previous is None or previous.hash != result.hash or not (previous.measured and result.measured):
         return None
     if {x.key for x in previous.executions} != {x.key for x in result.executions}:
@@ -183,7 +188,30 @@ def not_reproduced(result: HypothesisResult, previous: HypothesisResult | None, 
     now, then = result.measured, previous.measured
     if now.low <= then.high and then.low <= now.high:
         return None
-    return f"run {previous_run} measured {then.text()} with nothing changed"
+    return f"run {previous_run} measured {then.text()} with {SAME_KEYS} (equal execution keys)"
+
+
+def changed(
+    result: HypothesisResult, previous: HypothesisResult | None, previous_run: str, said: list[str]
+) -> str | None:
+    """What changed since the standing measurement when the executions' keys differ, and how far it moved.
+
+    `said` holds why each execution ran again (perfkit/experiment/why.py). None when the keys are the same
+    (then `not_reproduced` speaks) or there is nothing to compare with.
+    """
+    if previous is None or not previous.executions or not result.executions:
+        return None
+    if {x.key for x in previous.executions} == {x.key for x in result.executions}:
+        return None
+    what = "; ".join(dict.fromkeys(said)) or f"other execution keys than run {previous_run}"
+    if previous.hash != result.hash:
+        what = f"the hypothesis was edited; {what}"
+    if not (previous.measured and result.measured):
+        return what
+    factor, shift = compare.move(previous, result)
+    moved = compare.move_words(factor, shift)
+    then = previous.measured.text()
+    return f"{what}: {moved} than {then}" if moved else f"{what}: within the noise of {then}"
 
 
 def to_result(item: Judged) -> HypothesisResult:

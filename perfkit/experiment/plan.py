@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.errors import UserError
+from perfkit.experiment.code import CodeState
 from perfkit.experiment.hypothesis import Hypothesis, check_parameter, notebook_parameters
 from perfkit.experiment.options import RunOptions
 from perfkit.experiment.results import Execution
@@ -39,6 +40,8 @@ class Plan:
     replicates: dict[str, int]  # execution key -> independent kernel processes to run
     told: frozenset[str] = frozenset()  # keys whose notebook declares the `replicate` parameter
     resources: dict[str, dict[str, float]] = field(default_factory=dict)  # key -> what a worker must offer
+    code: dict[str, CodeState] = field(default_factory=dict)  # key -> the code under test it measures
+    notebooks: dict[str, str] = field(default_factory=dict)  # notebook -> a hash of its code cells
 
     def replicated(self) -> list[Execution]:
         """Every replicate of every execution, round by round: replicate 0 of all, then 1, ..."""
@@ -143,9 +146,17 @@ def notebook_code(path: Path) -> bytes:
 
 
 def execution_key(
-    code: bytes, params: dict[str, Any], source_hash: str, profile: str | None, environment: dict[str, Any]
+    code: bytes,
+    params: dict[str, Any],
+    source_hash: str,
+    profile: str | None,
+    environment: dict[str, Any],
+    under_test: str,
 ) -> str:
+    """What decides a measurement: the notebook's code, its parameters, perfkit, the profiler, the environment
+    and the code under test (perfkit/experiment/code.py)."""
     digest = hashlib.sha256(code)
+    digest.update(under_test.encode())
     digest.update(json.dumps(params, sort_keys=True, default=str).encode())
     digest.update(source_hash.encode())
     digest.update((profile or "").encode())
@@ -172,6 +183,7 @@ class Basis:
 
     source_hash: str  # perfkit's own source (source_tree_hash)
     environment: dict[str, Any]  # environment_key(), and the cluster when there is one
+    code: Callable[[tuple[str, ...]], CodeState]  # the code under test, given a record's probe.code
 
 
 def plan(
@@ -192,6 +204,8 @@ def plan(
     counts: dict[str, int] = {}
     told: set[str] = set()
     resources: dict[str, dict[str, float]] = {}
+    code_of: dict[str, CodeState] = {}
+    notebooks: dict[str, str] = {}
     for h in hypotheses:
         path = project.notebooks_dir / h.probe.notebook
         if h.probe.notebook not in declared_cache:
@@ -208,9 +222,12 @@ def plan(
                 params[name] = value
                 used_overrides.add(name)
         code = notebook_code(path)
+        notebooks[h.probe.notebook] = hashlib.sha256(code).hexdigest()[:16]
+        under_test = basis.code(h.probe.code)
         keys = []
         for point in _points(h, params, quick=quick, overrides=overrides, note=note):
-            key = execution_key(code, point, basis.source_hash, options.profile, basis.environment)
+            key = execution_key(code, point, basis.source_hash, options.profile, basis.environment, under_test.digest)
+            code_of[key] = under_test
             by_key.setdefault(key, Execution(key=key, notebook=h.probe.notebook, params=point))
             counts[key] = max(counts.get(key, 1), h.probe.replicates or replicates)
             needed = resources.setdefault(key, {})
@@ -229,4 +246,6 @@ def plan(
         replicates=counts,
         told=frozenset(told),
         resources={k: v for k, v in resources.items() if v},
+        code=code_of,
+        notebooks=notebooks,
     )

@@ -23,6 +23,8 @@ Format history (`format_version`), the same numbers for both files:
   4: a run's results say the `profile`r it ran under (null: none; a profiled measurement is marked
      and never stands for an unprofiled one) and the `machine` it measured on (CPU, cores, GPUs).
   5: an execution says the `host` a cluster worker ran it on (null: the machine of the run).
+  6: a result says what `changed` since the standing measurement when its executions' keys differ
+     (the code under test, packages, environment, machine, probe) and how far the measurement moved.
 Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file is refused.
 """
 
@@ -39,7 +41,7 @@ from perfkit.files import Reader, encode_number, read_json, upgrade, write_json
 from perfkit.paths import Project
 from perfkit.samples import MetricRecord
 
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 VERDICTS = ("confirmed", "refuted", "inconclusive", "error")
 PLANNED = "planned"
 STATUSES = (PLANNED, "ok", "error", "timeout", "crashed")
@@ -196,6 +198,7 @@ class HypothesisResult:
     executions: tuple[Execution, ...] = ()  # without their records
     stopped: str | None = None  # why the run added no more replicates (format 3 on)
     not_reproduced: str | None = None  # unchanged since the last verdict, yet disjoint from its interval
+    changed: str | None = None  # what differs from the standing measurement's executions, and how far it moved
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if k != "executions"}
@@ -268,6 +271,7 @@ class HypothesisResult:
             executions=tuple(Execution.from_json(c) for c in r.children("executions")),
             stopped=r.get("stopped", str, optional=True),
             not_reproduced=r.get("not_reproduced", str, optional=True),
+            changed=r.get("changed", str, optional=True),
         )
 
 
@@ -365,7 +369,15 @@ def _4_to_5(old: dict) -> dict:
     return old
 
 
-UPGRADES: dict[int, Callable[[dict], dict]] = {1: _1_to_2, 2: _2_to_3, 3: _3_to_4, 4: _4_to_5}
+def _5_to_6(old: dict) -> dict:
+    """Earlier results did not say what changed (null)."""
+    for h in old.get("hypotheses", []):
+        if isinstance(h, dict):
+            h.setdefault("changed", None)
+    return old
+
+
+UPGRADES: dict[int, Callable[[dict], dict]] = {1: _1_to_2, 2: _2_to_3, 3: _3_to_4, 4: _4_to_5, 5: _5_to_6}
 
 
 # ---------------------------------------------------------------- files

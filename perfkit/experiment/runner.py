@@ -18,7 +18,7 @@ from typing import Any
 
 from perfkit.errors import UserError
 from perfkit.experiment import cluster as remote
-from perfkit.experiment import commit, replicates, rundir, schedule
+from perfkit.experiment import code, commit, config, replicates, rundir, schedule, why
 from perfkit.experiment.context import Printer, RunContext
 from perfkit.experiment.hypothesis import Hypothesis, load_hypotheses
 from perfkit.experiment.judging import Judged, judged
@@ -47,10 +47,9 @@ class RunReport:
 def run(project: Project, options: RunOptions, *, out: Callable[[str], None] = print) -> RunReport:
     """Execute what the selected hypotheses need, judge them, and write results, plots and ledger."""
     started = time.monotonic()
+    settings = config.read(project)
     options = replace(
-        options,
-        cluster=options.cluster or configured_cluster(project),
-        command=options.command or " ".join(sys.argv),
+        options, cluster=options.cluster or settings.cluster, command=options.command or " ".join(sys.argv)
     )
     options.check()
     project.check_confined()
@@ -60,29 +59,14 @@ def run(project: Project, options: RunOptions, *, out: Callable[[str], None] = p
     rundir.check_writable(project)
     client = remote.connect(options.cluster) if options.cluster else None  # unreachable: an error, nothing written
     try:
-        return _run(_start(project, options, hypotheses, client, Printer(out)), hypotheses, started)
+        code_for = code.resolver(project, settings.code)
+        return _run(_start(project, options, hypotheses, client, Printer(out), code_for), hypotheses, started)
     finally:
         if client is not None:
             remote.close(client)
 
 
-def configured_cluster(project: Project) -> str | None:
-    """`[tool.perfkit] cluster = "..."` in the project's pyproject.toml, if set."""
-    import tomllib
-
-    path = project.root / "pyproject.toml"
-    if not path.is_file():
-        return None
-    try:
-        value = tomllib.loads(path.read_text(encoding="utf-8")).get("tool", {}).get("perfkit", {}).get("cluster")
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise UserError(f"{project.relative(path)}: cannot read [tool.perfkit]: {exc}") from None
-    if value is not None and not isinstance(value, str):
-        raise UserError(f"{project.relative(path)}: [tool.perfkit] cluster must be a string, got {value!r}")
-    return value
-
-
-def _start(project: Project, options: RunOptions, hypotheses: list[Hypothesis], client: Any, say: Printer):
+def _start(project: Project, options: RunOptions, hypotheses: list[Hypothesis], client: Any, say: Printer, code_for):
     """Plan, then claim the run's folder and write its manifest as "running"."""
     policy = replicates.policy(
         quick=options.quick, replicates=options.replicates, max_replicates=options.max_replicates
@@ -92,14 +76,19 @@ def _start(project: Project, options: RunOptions, hypotheses: list[Hypothesis], 
     if client is not None:  # measured elsewhere: never the same measurement as one made here
         environment["cluster"] = options.cluster
         say(f"cluster {options.cluster}: {remote.where(client)}")
-    the_plan = plan(project, hypotheses, options, Basis(source_hash, environment), replicates=policy.first, note=say)
+    basis = Basis(source_hash, environment, code_for)
+    the_plan = plan(project, hypotheses, options, basis, replicates=policy.first, note=say)
     if client is not None:
         remote.check_resources(client, the_plan.resources, {x.key: x.label() for x in the_plan.executions})
-    ctx = RunContext(project, options, rundir.new_run_dir(project), policy, the_plan, say, client)
+    now = why.Now(the_plan.notebooks, the_plan.code, source_hash, environment, options.profile)
+    ctx = RunContext(project, options, rundir.new_run_dir(project), policy, the_plan, say, now, client)
     recorded = options.recorded() | {"replicates": policy.first, "hypotheses": [h.id for h in hypotheses]}
     manifest = rundir.manifest(ctx.run_dir, command=options.command, options=recorded, source_hash=source_hash)
     manifest["cache_key"] = environment  # what, besides the notebook and parameters, a reuse must match
     manifest["confidence"] = policy.confidence()
+    manifest["notebooks"] = the_plan.notebooks  # with `code` and `code_of`: what a later run compares with
+    manifest["code"] = {state.digest: state.to_json() for state in the_plan.code.values()}
+    manifest["code_of"] = {key: state.digest for key, state in the_plan.code.items()}
     ctx.run_dir.write_manifest(manifest)
     for killed in rundir.mark_killed_runs(project, by=ctx.run_dir.run_id):
         say(f"run {killed} was killed while running (its process is gone): its manifest now says so")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from perfkit.experiment import cluster as remote
 from perfkit.experiment import execute as executor
-from perfkit.experiment import profiling
+from perfkit.experiment import profiling, why
 from perfkit.experiment.context import Printer, RunContext
 from perfkit.experiment.plan import REPLICATE_PARAM
 from perfkit.experiment.results import Execution, read_execution, write_execution
@@ -85,6 +85,7 @@ def _execute_one(ctx: RunContext, planned: Execution, kernel_dir: Path, *, told:
         exec_dir=exec_dir,
         run_id=ctx.run_dir.run_id,
         cwd=ctx.project.notebooks_dir,
+        code_root=ctx.project.root,
         kernel_dir=kernel_dir,
         timeout_s=ctx.options.timeout_s,
         env={**env, **(profiled.env or {})},
@@ -132,10 +133,13 @@ def _on_cluster(ctx: RunContext, batch: list[Execution], tags: dict[str, str], d
         )
         for x in batch
     ]
+    if ctx.shipped is None:  # once per run: every round's tasks read the same archive
+        ctx.shipped = remote.ship(ctx.client, ctx.project)
     remote.execute(
         ctx.client,
-        ctx.project,
-        remote.Round(run_id=ctx.run_dir.run_id, timeout_s=ctx.options.timeout_s, requests=requests),
+        remote.Round(
+            run_id=ctx.run_dir.run_id, timeout_s=ctx.options.timeout_s, requests=requests, shipped=ctx.shipped
+        ),
         started=started,
         ended=ended,
     )
@@ -175,6 +179,18 @@ def _retry_unfit(ctx: RunContext, ran: list[Execution]) -> None:
         failed.with_name(failed.name + "-unfit").rename(failed)
 
 
+def _say_why(ctx: RunContext, to_run: list[Execution]) -> None:
+    """One line per execution about to run: what changed since the run that last measured it."""
+    if ctx.now is None:
+        return
+    earlier = why.Earlier(ctx.project, ctx.run_dir.run_id)
+    for x in to_run:
+        if x.key in ctx.why:
+            continue
+        ctx.why[x.key], _ = why.reason(earlier, x, ctx.now, forced=ctx.options.force)
+        ctx.say(f"[execute] {x.label()}: {ctx.why[x.key]}")
+
+
 def execute(ctx: RunContext) -> None:
     """Reuse or execute every replicate of `ctx.plan` not yet in `ctx.done`, filling it as each ends."""
     the_plan = ctx.plan
@@ -187,7 +203,8 @@ def execute(ctx: RunContext) -> None:
     )
     for x in reused:
         origin = ctx.done[x.id]
-        ctx.say(f"[reused]  {label(x)}  from run {origin.run_id} ({origin.wall_s:.1f} s there)")
+        ctx.say(f"[reused]  {label(x)}  from run {origin.run_id} ({origin.wall_s:.1f} s there): the same key")
+    _say_why(ctx, to_run)
     started = 0
     for r in sorted({x.replicate for x in to_run}):
         batch = [x for x in to_run if x.replicate == r]

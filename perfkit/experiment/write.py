@@ -50,7 +50,13 @@ def write(ctx: RunContext, judged: list[judging.Judged], *, git: dict, machine: 
             result = judging.to_result(item)
             entry = standing.get(result.id)
             previous = entry.result if entry else None
-            result = replace(result, not_reproduced=judging.not_reproduced(result, previous, entry and entry.run_id))
+            run_id = entry and entry.run_id
+            said = [ctx.why[x.key] for x in result.executions if x.key in ctx.why]
+            result = replace(
+                result,
+                not_reproduced=judging.not_reproduced(result, previous, run_id),
+                changed=judging.changed(result, previous, run_id, said),
+            )
             made.append(result)
             if history.same_measurement(result, previous):
                 (staged / f"{result.id}.png").unlink(missing_ok=True)  # the ledger's plot stays the measured one
@@ -83,3 +89,5 @@ def say_verdicts(ctx: RunContext, judged: list[judging.Judged], written: Written
             ctx.say(f"{'':<32}   warning: {warning}")
         if result.not_reproduced:
             ctx.say(f"{'':<32}   NOT REPRODUCED: {result.not_reproduced}")
+        if result.changed and result in written.fresh:
+            ctx.say(f"{'':<32}   changed: {result.changed}")

@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-from perfkit import units
-from perfkit.experiment.compare import KINDS, Change
+from perfkit.experiment.compare import KINDS, Change, move_words
 from perfkit.experiment.outputs.words import measured_text, other_levels
 
 
 def _move_text(change: Change) -> str:
-    if change.factor is not None:
-        f = change.factor
-        if 0.5 < f < 2:
-            return f"{units.format_number(abs(f - 1) * 100)}% {'higher' if f >= 1 else 'lower'}"
-        return f"{units.format_factor(f)} higher" if f >= 1 else f"{units.format_factor(1 / f)} lower"
-    if change.shift is not None:
-        return f"{'+' if change.shift >= 0 else '-'}{units.format_number(abs(change.shift))}"
-    return ""
+    return move_words(change.factor, change.shift)
 
 
 def text(changes: list[Change], base_name: str) -> str:

@@ -48,6 +48,8 @@ def _history_row(entry: Entry, previous: Entry | None) -> str:
         notes.append(f"profiled ({entry.run.profile}): not the standing measurement")
     if entry.result.not_reproduced:
         notes.append(f"**not reproduced**: {entry.result.not_reproduced}")
+    if entry.result.changed:
+        notes.append(f"changed: {entry.result.changed}")
     if entry.result.measured is None and entry.result.reason:
         notes.append(entry.result.reason)
     return (

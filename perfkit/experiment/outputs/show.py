@@ -43,6 +43,10 @@ def describe(project: Project, hid: str) -> str:
             + (f" ({r.floor.note})" if r.floor.note else "")
         )
     lines += [f"warning:  {w}" for w in r.warnings]
+    if r.changed:
+        lines.append(f"changed:  {r.changed}")
+    if r.not_reproduced:
+        lines.append(f"NOT REPRODUCED: {r.not_reproduced}")
     if r.plot:
         lines.append(f"plot:     {project.relative(project.ledger_dir / r.plot)}")
     if r.metrics:

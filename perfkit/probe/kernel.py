@@ -1,0 +1,83 @@
+"""The `perfkit` Jupyter kernel: IPython with the project's root on the import path.
+
+A probe imports the code under test (`import ownlib`) without that code being installed: this
+kernel finds the project (PERFKIT_ROOT, else the nearest folder above the notebook's with
+hypotheses/ and notebooks/), puts it first on `sys.path` and on PYTHONPATH for what the probe
+starts, then runs the ordinary IPython kernel. `perfkit run` does the same through PYTHONPATH.
+Registered once per environment (`perfkit kernel`, or `perfkit init`), it serves every project.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+NAME = "perfkit"
+
+
+def project_root(start: Path) -> Path | None:
+    """The nearest folder at or above `start` holding hypotheses/ and notebooks/."""
+    for folder in (start, *start.parents):
+        if (folder / "hypotheses").is_dir() and (folder / "notebooks").is_dir():
+            return folder
+    return None
+
+
+def on_path(root: Path) -> None:
+    """Put the project's root first on this process's import path and on its children's PYTHONPATH."""
+    text = str(root)
+    if text not in sys.path:
+        sys.path.insert(0, text)
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if text not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([text, *parts])
+
+
+def spec() -> dict:
+    """The kernelspec: this interpreter, through this module, with no IPython history database."""
+    argv = [sys.executable, "-m", "perfkit.probe.kernel", "-f", "{connection_file}", "--HistoryManager.enabled=False"]
+    return {"argv": argv, "display_name": "perfkit", "language": "python", "metadata": {"debugger": True}}
+
+
+def install(*, user: bool = False) -> str | None:
+    """Register the kernel for JupyterLab (in this environment, or for the user); None if it already is."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    manager = KernelSpecManager()
+    try:
+        if manager.get_kernel_spec(NAME).argv[:3] == spec()["argv"][:3]:
+            return None
+    except NoSuchKernel:
+        pass
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "kernel.json").write_text(json.dumps(spec(), indent=1) + "\n", encoding="utf-8")
+        return manager.install_kernel_spec(tmp, NAME, user=user, prefix=None if user else sys.prefix)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`perfkit kernel [--user]`: register the kernel."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="perfkit kernel", description="register the perfkit Jupyter kernel")
+    parser.add_argument("--user", action="store_true", help="for this user (default: this environment)")
+    args = parser.parse_args(argv)
+    where = install(user=args.user)
+    print(f"registered the perfkit kernel in {where}" if where else "the perfkit kernel is registered already")
+    return 0
+
+
+def _launch() -> None:
+    root = os.environ.get("PERFKIT_ROOT")
+    found = Path(root) if root else project_root(Path.cwd().resolve())
+    if found is not None:
+        on_path(found)
+    from ipykernel import kernelapp
+
+    kernelapp.launch_new_instance()
+
+
+if __name__ == "__main__":
+    _launch()

@@ -1,0 +1,167 @@
+"""perfkit adopted by a user's own repository, from a plain `pip install` of perfkit (not this checkout).
+
+A real temporary git repository holds a small package `ownlib` whose `work()` sleeps a known time;
+perfkit is installed into a fresh virtual environment from a built copy of this source (its
+dependencies come from this checkout's .venv through a .pth file: nothing is downloaded). Known
+truth: 4 ms per call, then 3x slower after an edit. The run must see the edit, re-execute, refute,
+say what changed and how far it moved, and never call it "not reproduced".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD = """id: ownlib-work-under-8ms
+claim: ownlib.work() takes under 8 ms a call.
+rationale: It sleeps 4 ms and does nothing else.
+expect: {kind: at_most, metric: ownlib_work, value: 8, unit: ms}
+probe:
+  notebook: ownlib_probe.ipynb
+  params: {repeat: 12}
+"""
+PARAMETERS = "repeat: int = 12"
+PROBE = """import ownlib
+import perfkit
+
+samples = perfkit.bench(ownlib.work, warmup=2, repeat=repeat)
+perfkit.record("ownlib_work", [s * 1e3 for s in samples], unit="ms")"""
+
+
+def sh(cwd: Path, *argv: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{argv} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> dict[str, str]:
+    """A fresh virtual environment with perfkit pip-installed (not editable): the environment to run it in."""
+    venv = tmp_path_factory.mktemp("venv") / "v"
+    sh(ROOT, sys._base_executable, "-m", "venv", "--without-pip", str(venv))
+    python = venv / "bin" / "python"
+    purelib = Path(
+        sh(ROOT, str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+    )
+    (purelib / "perfkit-test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    sh(ROOT, str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(ROOT))
+    where = sh(venv, str(python), "-c", "import perfkit; print(perfkit.__file__)").stdout.strip()
+    assert Path(where).is_relative_to(venv), where  # the installed copy, not this checkout
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PERFKIT_", "VIRTUAL_ENV", "PYTHONPATH"))}
+    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", MPLBACKEND="Agg")
+    return env | {"_purelib": str(purelib)}
+
+
+def own_repository(path: Path, delay_s: float) -> Path:
+    (path / "ownlib").mkdir(parents=True)
+    (path / "ownlib" / "__init__.py").write_text(f"import time\n\n\ndef work():\n    time.sleep({delay_s})\n")
+    (path / "pyproject.toml").write_text('[project]\nname = "ownlib"\nversion = "0.1"\n')
+    sh(path, "git", "init", "-q", "-b", "main")
+    sh(path, "git", "config", "user.email", "t@example.com")
+    sh(path, "git", "config", "user.name", "t")
+    sh(path, "git", "add", "-A")
+    sh(path, "git", "commit", "-q", "-m", "ownlib")
+    return path
+
+
+def add_probe(repo: Path) -> None:
+    (repo / "hypotheses" / "ownlib-work-under-8ms.yaml").write_text(RECORD)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(PARAMETERS, metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell(PROBE),
+    ]
+    nb.metadata["kernelspec"] = {"name": "perfkit", "display_name": "perfkit", "language": "python"}
+    nbformat.write(nb, str(repo / "notebooks" / "ownlib_probe.ipynb"))
+
+
+def perfkit(repo: Path, env: dict, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return sh(repo, "perfkit", *args, env={k: v for k, v in env.items() if not k.startswith("_")}, check=check)
+
+
+def verdict(repo: Path, env: dict, hid: str) -> dict:
+    standing = json.loads(perfkit(repo, env, "show", hid, "--json").stdout)["standing"]
+    if (standing["reason"] or "").startswith("the machine was not fit"):  # not evidence either way
+        pytest.skip(f"the machine was busy while the probe measured: {standing['reason']}")
+    return standing
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, installed) -> Path:
+    repo = own_repository(tmp_path_factory.mktemp("user") / "ownproject", delay_s=0.004)
+    perfkit(repo, installed, "init")
+    add_probe(repo)
+    return repo
+
+
+def test_init_sets_up_a_repository_once_and_a_second_init_changes_nothing(repo, installed):
+    for path in ("hypotheses/LEDGER.md", "notebooks/example_sort.ipynb", ".gitattributes", ".gitignore"):
+        assert (repo / path).is_file(), path
+    assert "[tool.perfkit]" in (repo / "pyproject.toml").read_text()
+    assert sh(repo, "git", "check-ignore", "-q", "runs/x/manifest.json", check=False).returncode == 0
+    filter_ = sh(repo, "git", "config", "--get", "filter.perfkit-notebook.clean").stdout
+    assert "-m perfkit.experiment.strip" in filter_ and "Makefile" not in filter_
+    before = {p: p.stat().st_mtime_ns for p in repo.rglob("*") if ".git" not in p.parts}
+    again = perfkit(repo, installed, "init")
+    assert "nothing to do" in again.stdout and "perfkit run --all --quick" in again.stdout
+    assert {p: p.stat().st_mtime_ns for p in repo.rglob("*") if ".git" not in p.parts} == before
+
+
+def test_a_probe_imports_the_repositorys_code_and_a_slowdown_is_measured_not_called_noise(repo, installed):
+    first = perfkit(repo, installed, "run", "ownlib-work-under-8ms", "--replicates", "2")
+    assert "[execute] ownlib_probe.ipynb repeat=12: never measured" in first.stdout, first.stdout
+    assert verdict(repo, installed, "ownlib-work-under-8ms")["verdict"] == "confirmed", first.stdout
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-q", "-m", "perfkit: first verdict")
+
+    (repo / "ownlib" / "__init__.py").write_text("import time\n\n\ndef work():\n    time.sleep(0.012)\n")  # 3x slower
+    slower = perfkit(repo, installed, "run", "ownlib-work-under-8ms", "--replicates", "2", check=False)
+    out = slower.stdout
+    assert "(2 to execute, 0 reused)" in out, out
+    assert re.search(r"\[execute\] ownlib_probe.ipynb repeat=12: ownlib/__init__.py changed since run \S+", out), out
+    assert "NOT REPRODUCED" not in out and "nothing changed" not in out
+    standing = verdict(repo, installed, "ownlib-work-under-8ms")
+    assert standing["verdict"] == "refuted" and standing["not_reproduced"] is None
+    assert standing["changed"].startswith("ownlib/__init__.py changed since run ")
+    assert re.search(r": [23](\.\d+)?x higher than 4(\.\d+)? ms \[", standing["changed"]), standing["changed"]
+    ledger = (repo / "hypotheses" / "LEDGER.md").read_text()
+    assert "changed: ownlib/__init__.py changed since run" in ledger
+
+    diff = perfkit(repo, installed, "diff", "HEAD", check=False)
+    assert diff.returncode == 1 and "flip" in diff.stdout and "confirmed → refuted" in diff.stdout
+
+
+def test_an_edit_under_runs_or_of_the_ledger_reuses_and_a_new_package_re_executes(repo, installed):
+    perfkit(repo, installed, "run", "ownlib-work-under-8ms", "--replicates", "2", check=False)  # warm
+    (repo / "runs" / "notes.txt").write_text("an edit under runs/")
+    ledger = repo / "hypotheses" / "LEDGER.md"
+    ledger.write_text(ledger.read_text() + "\nan edit of the ledger\n")
+    warm = perfkit(repo, installed, "run", "ownlib-work-under-8ms", "--replicates", "2", check=False)
+    assert "(0 to execute, 2 reused)" in warm.stdout, warm.stdout
+    dist = Path(installed["_purelib"]) / "tinydep-1.2.dist-info"
+    dist.mkdir()
+    try:
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tinydep\nVersion: 1.2\n")
+        (dist / "RECORD").write_text("")
+        changed = perfkit(repo, installed, "run", "ownlib-work-under-8ms", "--replicates", "2", check=False)
+        assert "(2 to execute, 0 reused)" in changed.stdout, changed.stdout
+        assert "tinydep not installed -> 1.2" in changed.stdout
+    finally:
+        shutil.rmtree(dist)
+
+
+def test_a_cluster_run_imports_the_same_code_from_the_shipped_archive(repo, installed):
+    done = perfkit(repo, installed, "run", "ownlib-work-under-8ms", "--replicates", "1", "--cluster", "local:1")
+    assert "ModuleNotFoundError" not in done.stdout + done.stderr
+    assert re.search(r"ownlib-work-under-8ms\s+refuted\s+measured 1\d(\.\d+)? ms", done.stdout), done.stdout
