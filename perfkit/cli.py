@@ -17,6 +17,11 @@ import threading
 
 from perfkit.errors import UserError
 
+# jsonschema (imported by nbformat, by papermill) compiles a grammar for the "iri" format when the
+# rfc3987-syntax package is installed (JupyterLab's extras bring it): 1.6 s at the start of every
+# command, for a format no notebook schema uses. perfkit's own processes do without it.
+sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
+
 # subcommand -> module whose main(argv) parses its own arguments (imported on use: `perfkit validate` stays fast)
 _DELEGATED = {
     "engine": "perfkit.engine.cli",
@@ -26,7 +31,7 @@ _DELEGATED = {
     "overhead": "perfkit.machine.overhead",
     "prof": "perfkit.probe.proflines",
     "init": "perfkit.experiment.init",
-    "kernel": "perfkit.probe.kernel",
+    "kernel": "perfkit.experiment.kernel",
 }
 
 

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from perfkit.experiment import kernel
 from perfkit.experiment.results import Execution
 from perfkit.files import Reader, write_atomic
 from perfkit.samples import MIMETYPE, MetricRecord
 
-KERNEL_NAME = "perfkit"
+KERNEL_NAME = kernel.NAME
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _live: set[subprocess.Popen] = set()  # executions in flight, so an interrupted run can stop them
 _live_lock = threading.Lock()
@@ -36,21 +37,8 @@ def ensure_kernelspec(directory: Path, *, prefix: list[str] | None = None) -> Pa
     perfkit also runs the probes. `prefix` runs the kernel under another command (`nsys profile`).
     """
     spec_dir = Path(directory) / "kernels" / KERNEL_NAME
-    spec = {
-        # no IPython history database: every executed cell would land in ~/.ipython, outside the project
-        "argv": [
-            *(prefix or []),
-            sys.executable,
-            "-m",
-            "ipykernel_launcher",
-            "-f",
-            "{connection_file}",
-            "--HistoryManager.enabled=False",
-        ],
-        "display_name": "perfkit",
-        "language": "python",
-        "metadata": {"debugger": True},
-    }
+    spec = kernel.spec()
+    spec["argv"] = [*(prefix or []), *spec["argv"]]
     write_atomic(spec_dir / "kernel.json", json.dumps(spec, indent=1) + "\n")
     return Path(directory)
 
@@ -449,4 +437,5 @@ def _child(spec_path: str) -> int:
 
 
 if __name__ == "__main__":
+    sys.modules.setdefault("rfc3987_syntax", None)  # 1.6 s of grammar for a format papermill never checks (cli.py)
     sys.exit(_child(sys.argv[1]))

@@ -18,11 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from perfkit.errors import UserError
-from perfkit.experiment import code, config, scaffold
+from perfkit.experiment import code, config, kernel, scaffold
 from perfkit.experiment.outputs import ledger
 from perfkit.files import write_atomic
 from perfkit.paths import Project
-from perfkit.probe import kernel
 
 EXAMPLE = "example_sort"
 ATTRIBUTES = ("notebooks/*.ipynb filter=perfkit-notebook", "hypotheses/LEDGER.md merge=perfkit-ledger")

@@ -3,7 +3,7 @@
 A probe imports the code under test (`import ownlib`) without that code being installed: this
 kernel finds the project (PERFKIT_ROOT, else the nearest folder above the notebook's with
 hypotheses/ and notebooks/), puts it first on `sys.path` and on PYTHONPATH for what the probe
-starts, then runs the ordinary IPython kernel. `perfkit run` does the same through PYTHONPATH.
+starts, then runs the ordinary IPython kernel. `perfkit run` starts its probes in this kernel too, with PYTHONPATH set.
 Registered once per environment (`perfkit kernel`, or `perfkit init`), it serves every project.
 """
 
@@ -38,7 +38,14 @@ def on_path(root: Path) -> None:
 
 def spec() -> dict:
     """The kernelspec: this interpreter, through this module, with no IPython history database."""
-    argv = [sys.executable, "-m", "perfkit.probe.kernel", "-f", "{connection_file}", "--HistoryManager.enabled=False"]
+    argv = [
+        sys.executable,
+        "-m",
+        "perfkit.experiment.kernel",
+        "-f",
+        "{connection_file}",
+        "--HistoryManager.enabled=False",
+    ]
     return {"argv": argv, "display_name": "perfkit", "language": "python", "metadata": {"debugger": True}}
 
 
