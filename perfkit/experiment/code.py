@@ -120,6 +120,20 @@ def _default_files(root: Path) -> list[Path]:
     return out
 
 
+SKIPPED_FOLDERS = {"__pycache__", "node_modules", "site-packages", "build", "dist", "runs"}
+
+
+def _sources(folder: Path):
+    """The .py files under `folder`, not in hidden folders, caches, builds or virtual environments."""
+    for entry in sorted(folder.iterdir()):
+        if entry.is_dir():
+            if entry.name.startswith(".") or entry.name in SKIPPED_FOLDERS or (entry / "pyvenv.cfg").exists():
+                continue
+            yield from _sources(entry)
+        elif entry.suffix == ".py":
+            yield entry
+
+
 def _editable_source(url: str, root: Path) -> str | None:
     """A hash of an editable install's source (names, sizes, times), unless it lies in the project itself."""
     if not url.startswith("file://"):
@@ -128,15 +142,17 @@ def _editable_source(url: str, root: Path) -> str | None:
     if not path.is_dir() or path.resolve().is_relative_to(root.resolve()) or root.resolve().is_relative_to(path):
         return None  # the project's own code: the tree covers it
     digest = hashlib.sha256()
-    for file in sorted(path.rglob("*.py")):
-        if ".git" not in file.parts and "__pycache__" not in file.parts:
-            stat = file.stat()
-            digest.update(f"{file.relative_to(path)}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    for file in _sources(path):
+        stat = file.stat()
+        digest.update(f"{file.relative_to(path)}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
     return digest.hexdigest()[:12]
 
 
 def distribution_version(dist: metadata.Distribution, root: Path) -> str:
-    """'2.2.0', '1.0 @ 3f2a...' (a VCS install's commit), '0.3 editable 9ab1...' (its source)."""
+    """'2.2.0', '1.0 @ 3f2a...' (a VCS install's commit), '0.3 editable 9ab1...' (its source).
+
+    perfkit's own source is in every key already (plan.source_tree_hash): its version alone here.
+    """
     version = dist.version
     try:
         direct = json.loads(dist.read_text("direct_url.json") or "null")
@@ -146,7 +162,7 @@ def distribution_version(dist: metadata.Distribution, root: Path) -> str:
         commit = (direct.get("vcs_info") or {}).get("commit_id")
         if commit:
             return f"{version} @ {commit}"
-        if (direct.get("dir_info") or {}).get("editable"):
+        if (direct.get("dir_info") or {}).get("editable") and dist.metadata["Name"] != "perfkit":
             source = _editable_source(str(direct.get("url", "")), root)
             return f"{version} editable {source}" if source else f"{version} editable"
     return version
