@@ -122,7 +122,7 @@ def test_show_prints_record_evidence_and_history(project, capsys):
     assert main(["--root", str(project.root), "show", "fx-share"]) == 0
     out = capsys.readouterr().out
     assert "claim: The verify forward is at least half of the step." in out
-    assert "latest verdict (run 20250102-000000)  [STALE" in out
+    assert "standing verdict (run 20250102-000000)  [STALE" in out
     assert "20250102-000000  refuted" in out and "flip (was confirmed)" in out
     assert main(["--root", str(project.root), "show", "nope"]) == 2
 

@@ -278,9 +278,18 @@ def test_replicates_run_in_rounds_are_told_their_index_and_a_busy_one_is_rerun(f
     assert {x.replicate for x in result.executions} == {0, 1} and not any(x.unfit for x in result.executions)
 
 
-def test_a_verdict_resting_on_a_busy_machine_is_inconclusive_with_the_reason(first):
+def test_a_verdict_resting_on_a_busy_machine_is_inconclusive_and_the_fit_verdict_stands(first):
+    from perfkit.experiment.compare import compare, failing
+    from perfkit.experiment.results import load_all_results
+
     project, _, _ = first
-    report, _ = rerun(
+    rerun(project, ids=["fx-cost-confirmed"], force=True, replicates=2)  # a fit measurement first
+    before = load_all_results(project)
+    plot = (project.plots_dir / "fx-cost-confirmed.png").read_bytes()
+    row = next(
+        line for line in project.ledger_path.read_text().splitlines() if line.startswith("| `fx-cost-confirmed`")
+    )
+    report, lines = rerun(
         project,
         ids=["fx-cost-confirmed"],
         force=True,
@@ -293,6 +302,21 @@ def test_a_verdict_resting_on_a_busy_machine_is_inconclusive_with_the_reason(fir
         "the machine was not fit to measure on: machine busy: 1.2 cores used by other processes "
         "on average during 2 of 2 replicates"
     )
+    ledger_text = project.ledger_path.read_text()
+    assert row in ledger_text.splitlines()  # the table keeps the fit measurement, its run and its plot
+    assert (project.plots_dir / "fx-cost-confirmed.png").read_bytes() == plot
+    history = ledger_text.split("### `fx-cost-confirmed`")[1].split("###")[0]
+    assert (
+        f"| {report.run_id} |" in history and "not measured: machine busy; the standing measurement is kept" in history
+    )
+    assert f"{report.run_id} | quick" in history and "**flip**" not in history.split(report.run_id)[1].split("\n")[0]
+    (change,) = [c for c in compare(before, load_all_results(project)) if c.id == "fx-cost-confirmed"]
+    assert change.kind == "not-measured" and change.current.verdict == "confirmed"
+    assert (
+        change.attempt.startswith("not measured: machine busy: the machine was not fit")
+        and report.run_id in change.attempt
+    )
+    assert failing([change], ("refuted", "error", "not-reproduced")) == [] and failing([change], ("not-measured",))
 
 
 def test_a_closed_pipe_never_stops_the_measurement(first):
@@ -416,6 +440,30 @@ def test_a_probe_kernel_keeps_no_ipython_history(first):
     nb = nbformat.read(str(executed), as_version=4)
     (said,) = [o["text"] for c in nb.cells for o in c.get("outputs", []) if o.get("text", "").startswith("history:")]
     assert said.split()[1] == "False"  # no database, not even in memory: nothing lands in ~/.ipython
+
+
+def test_every_replicate_of_an_execution_runs_with_the_threads_the_run_decided_once(first):
+    project, _, _ = first
+    report, lines = rerun(project, ids=["fx-silent"], overrides={"mode": "threads"}, replicates=2, threads=1)
+    executed = sorted((project.runs_dir / report.run_id).glob("executions/*/r*/executed.ipynb"))
+    assert len(executed) == 2
+    for path in executed:
+        nb = nbformat.read(str(path), as_version=4)
+        (said,) = [
+            o["text"] for c in nb.cells for o in c.get("outputs", []) if o.get("text", "").startswith("threads:")
+        ]
+        assert said.split() == ["threads:", "1", "1", "1"]  # the variables torch reads, and what torch took
+        stored = json.loads((path.parent / "execution.json").read_text())
+        assert stored["threads"] == 1
+    assert all("(1 threads" in line for line in lines if " start " in line)
+    (result,) = report.results.hypotheses
+    assert {x.threads for x in result.executions} == {1}
+    two, _ = rerun(project, ids=["fx-silent"], overrides={"mode": "threads"}, replicates=2, threads=2)
+    assert two.executed == 2  # another thread count is another treatment: never reused for this one
+    (measured_by,) = [
+        line for line in project.ledger_path.read_text().splitlines() if line.startswith(f"- {two.run_id}:")
+    ]
+    assert measured_by.endswith("; 2 CPU threads")  # every verdict's thread count, in the ledger
 
 
 def _perfkit(project, *args):

@@ -39,6 +39,7 @@ from perfkit.experiment import code, config
 from perfkit.experiment import execute as executor
 from perfkit.experiment.results import Execution
 from perfkit.files import Reader
+from perfkit.machine import fitness
 from perfkit.paths import Project
 
 RESOURCE = "measure"  # one per worker: the scheduler never runs two executions on one worker
@@ -200,12 +201,13 @@ def run_on_worker(shipped: dict[str, Any], request: dict[str, Any]) -> dict[str,
 
     `request` holds the planned execution (`planned`, as JSON), `notebook`, `run_id`, `timeout_s` and `extra`.
     """
-    from perfkit.machine import devices, fitness
+    from perfkit.machine import devices
 
     code_root = unpacked(shipped)
     with tempfile.TemporaryDirectory(prefix="perfkit-worker-") as tmp:
         root = Path(tmp)
-        env = fitness.thread_env()
+        # the run's count, not Dask's (its nanny sets OMP_NUM_THREADS=1 for every worker)
+        env = fitness.thread_env(request["threads"])
         ended = executor.measure(
             executor.Job(
                 planned=Execution.from_json(Reader(request["planned"], "planned execution")),
@@ -267,6 +269,7 @@ def execute(
             "run_id": batch.run_id,
             "timeout_s": batch.timeout_s,
             "extra": request.extra,
+            "threads": planned.threads or fitness.threads_for(),
         }
         future = client.submit(
             run_on_worker,

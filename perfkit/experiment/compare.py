@@ -21,15 +21,15 @@ from typing import Any
 
 from perfkit import units
 from perfkit.errors import UserError
-from perfkit.experiment.history import history, standing
+from perfkit.experiment.history import Entry, attempt, history, standing
 from perfkit.experiment.results import HypothesisResult, RunResults, load_all_results
 from perfkit.files import read_json
 from perfkit.paths import Project, git
 
 #: Kinds of change, in the order a reviewer reads them.
-KINDS = ("flip", "not-reproduced", "added", "removed", "edited", "moved", "unchanged")
+KINDS = ("flip", "not-reproduced", "added", "removed", "edited", "moved", "not-measured", "unchanged")
 #: What `--fail-on` can name: a kind of change, or `refuted` / `error` for a flip to that verdict.
-FAIL_ON = ("flip", "refuted", "error", "not-reproduced", "added", "removed", "edited", "moved")
+FAIL_ON = ("flip", "refuted", "error", "not-reproduced", "added", "removed", "edited", "moved", "not-measured")
 DEFAULT_FAIL_ON = ("refuted", "error", "not-reproduced")
 MAIN_BRANCHES = ("main", "master")
 
@@ -44,6 +44,7 @@ class Change:
     current_run: str | None
     factor: float | None = None  # current / base value when the intervals are disjoint (positive quantities)
     shift: float | None = None  # current - base when disjoint and a ratio means nothing (exponents, signs)
+    attempt: str | None = None  # a later run that did not measure it: "not measured: machine busy (run X)"
 
     @property
     def verdict_words(self) -> str:
@@ -66,6 +67,7 @@ class Change:
             "runs": {"base": self.base_run, "current": self.current_run},
             "factor": self.factor,
             "shift": self.shift,
+            "attempt": self.attempt,
         }
 
 
@@ -158,10 +160,26 @@ def move_words(factor: float | None, shift: float | None) -> str:
     return ""
 
 
+def _attempt(runs: list[Entry], shown: Entry, base_runs: set[str]) -> str | None:
+    """A newer run than the standing measurement that did not measure it (busy, failed, profiled)."""
+    latest = runs[-1]
+    if latest is shown or latest.run_id in base_runs:
+        return None
+    why = attempt(latest)
+    reason = f": {latest.result.reason}" if latest.result.reason and why != latest.result.reason else ""
+    return f"not measured: {why}{reason} (run {latest.run_id}); the standing measurement is kept" if why else None
+
+
 def compare(base: list[RunResults], current: list[RunResults]) -> list[Change]:
-    """Every hypothesis in either, as one Change each, in reading order (KINDS, then id)."""
+    """Every hypothesis in either, as one Change each, in reading order (KINDS, then id).
+
+    Both sides are their standing (fit) measurements; a later run on the current side that did not
+    measure a hypothesis (a busy machine, a failed probe, a profiler) is said as `attempt`, never a flip.
+    """
     before = {hid: standing(runs) for hid, runs in history(base).items()}
-    after = {hid: standing(runs) for hid, runs in history(current).items()}
+    current_history = history(current)
+    after = {hid: standing(runs) for hid, runs in current_history.items()}
+    base_runs = {r.run_id for r in base}
     changes = []
     for hid in sorted(set(before) | set(after)):
         b, a = before.get(hid), after.get(hid)
@@ -181,9 +199,13 @@ def compare(base: list[RunResults], current: list[RunResults]) -> list[Change]:
             kind = "moved"
         else:
             kind = "unchanged"
-        if br is not None and ar is not None and kind != "unchanged":
+        tried = _attempt(current_history[hid], a, base_runs) if a is not None else None
+        if kind == "unchanged" and tried:
+            kind = "not-measured"
+        if br is not None and ar is not None and kind not in ("unchanged", "not-measured"):
             shifted = move(br, ar)
-        changes.append(Change(hid, kind, br, ar, b.run_id if b else None, a.run_id if a else None, *shifted))
+        runs = (b.run_id if b else None, a.run_id if a else None)
+        changes.append(Change(hid, kind, br, ar, *runs, *shifted, attempt=tried))
     return sorted(changes, key=lambda c: (KINDS.index(c.kind), c.id))
 
 
@@ -192,7 +214,12 @@ def failing(changes: list[Change], fail_on: tuple[str, ...]) -> list[Change]:
     out = []
     for c in changes:
         to = c.current.verdict if c.current else None
-        if c.kind in fail_on or (c.kind in ("flip", "added") and to in ("refuted", "error") and to in fail_on):
+        failed_probe = bool(c.attempt and "the probe failed" in c.attempt)  # a broken probe fails `error`
+        if (
+            c.kind in fail_on
+            or (c.kind in ("flip", "added") and to in ("refuted", "error") and to in fail_on)
+            or (failed_probe and "error" in fail_on)
+        ):
             out.append(c)
     return out
 

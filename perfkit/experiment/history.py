@@ -1,8 +1,10 @@
 """The ledger's history: per hypothesis, its measurements in run order, and the one that stands.
 
 A run that only re-read a stored measurement (every execution reused, the same record and verdict)
-is no new measurement; the standing one is the latest unprofiled measurement. Every output
-(perfkit/experiment/outputs/), `perfkit diff` and the writer read the history through here.
+is no new measurement. The standing one is the latest *fit* measurement: a run whose replicates were
+measured on a busy machine, whose probe failed, or that ran under a profiler is an attempt, kept in
+the history ("not measured: ...") but never standing over a fit measurement, never a flip. Every
+output (perfkit/experiment/outputs/), `perfkit diff` and the writer read the history through here.
 """
 
 from __future__ import annotations
@@ -51,7 +53,36 @@ def history(all_results: list[RunResults]) -> dict[str, list[Entry]]:
     return {k: out[k] for k in sorted(out)}
 
 
+UNFIT = "the machine was not fit"  # how a verdict with no fit replicates begins its reason (judging.gather)
+
+
+def attempt_of(result: HypothesisResult, profile: str | None) -> str | None:
+    """Why a result is only an attempt, not a measurement that may stand: 'machine busy', 'the probe
+    failed', 'profiled (torch)'; None for a fit measurement."""
+    if profile:
+        return f"profiled ({profile})"
+    if result.verdict == "error":
+        return "the probe failed"
+    if result.verdict == "inconclusive" and result.measured is None and (result.reason or "").startswith(UNFIT):
+        return "machine busy"
+    return None
+
+
+def attempt(entry: Entry) -> str | None:
+    """`attempt_of` for an entry of the history."""
+    return attempt_of(entry.result, entry.run.profile if entry.run else None)
+
+
 def standing(runs: list[Entry]) -> Entry:
-    """The entry the table shows: the latest unprofiled measurement (a profiled one only if none is)."""
+    """The entry the table shows: the latest fit measurement; when there is none, the latest unprofiled
+    attempt (an error or a busy machine is then what there is to say), else the latest."""
+    fit = [e for e in runs if attempt(e) is None]
     plain = [e for e in runs if not (e.run and e.run.profile)]
-    return (plain or runs)[-1]
+    return (fit or plain or runs)[-1]
+
+
+def before(runs: list[Entry], entry: Entry) -> Entry | None:
+    """The fit measurement a new entry is compared with (for a flip): the latest fit one before it."""
+    earlier = runs[: runs.index(entry)]
+    fit = [e for e in earlier if attempt(e) is None]
+    return fit[-1] if fit else None

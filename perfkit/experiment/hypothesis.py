@@ -58,6 +58,7 @@ _PROBE_KEYS = {
     "replicates": False,
     "resources": False,
     "code": False,
+    "threads": False,
 }
 CODE_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$")  # a path under the project or a distribution name
 RESOURCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
@@ -91,6 +92,7 @@ class Probe:
     replicates: int | None = None  # independent kernel processes per execution; None: the run's default
     resources: dict[str, float] = field(default_factory=dict)  # what a cluster worker must offer: {"GPU": 1}
     code: tuple[str, ...] = ()  # more code under test: paths under the project, installed distributions
+    threads: int | None = None  # CPU threads of its executions (None: the run decides, once, for every replicate)
 
 
 @dataclass(frozen=True)
@@ -293,10 +295,12 @@ def _check_probe(checker: Checker, raw: Any, project: Project, notebook_cache: d
             else:
                 resources[name] = float(amount)
     code = _check_code(checker, probe.get("code"), where + ("code",)) if "code" in probe else ()
+    threads = checker.integer(probe, "threads", where, low=1, high=1024)
     if len(checker.errors) > errors_before:
         return None
     return Probe(
         code=code,
+        threads=threads,
         notebook=notebook,
         params=dict(blocks.get("params", {})),
         quick=dict(blocks.get("quick", {})),

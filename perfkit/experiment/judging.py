@@ -203,7 +203,10 @@ def changed(
         return None
     if {x.key for x in previous.executions} == {x.key for x in result.executions}:
         return None
-    what = "; ".join(dict.fromkeys(said)) or f"other execution keys than run {previous_run}"
+    what = "; ".join(dict.fromkeys(said)) or (
+        f"measured with other execution keys than run {previous_run} (its evidence is not under runs/ here, "
+        "so what changed cannot be named)"
+    )
     if previous.hash != result.hash:
         what = f"the hypothesis was edited; {what}"
     if not (previous.measured and result.measured):

@@ -91,6 +91,14 @@ class RunOptions:
         type=int,
         metavar="R",
     )
+    threads: int | None = _flag(
+        None,
+        "--threads",
+        "CPU threads of every probe execution, the same for each replicate (default: a record's probe.threads, "
+        "else OMP_NUM_THREADS when set, else the machine's cores shared by --jobs)",
+        type=int,
+        metavar="N",
+    )
     command: str = ""  # the command line, as recorded in the results
     retry_unfit: bool = True  # re-run, once, a replicate measured while the machine was busy
 
@@ -102,11 +110,19 @@ class RunOptions:
                 raise UserError(f"{flag} must be from 1 to {MAX_REPLICATES}, got {value}")
         if self.jobs < 1:
             raise UserError(f"--jobs must be at least 1, got {self.jobs}")
+        if self.threads is not None and not 1 <= self.threads <= 1024:
+            raise UserError(f"--threads must be from 1 to 1024, got {self.threads}")
         if self.timeout_s <= 0:
             raise UserError(f"--timeout must be positive, got {self.timeout_s}")
         if self.cluster and self.profile:
             raise UserError("--profile with --cluster is not supported yet: profile a probe on this machine")
         profiling.check(self.profile)
+
+    def at_once(self) -> int:
+        """How many executions share this machine at a time: `--jobs`, or N workers of `--cluster local:N`."""
+        if self.cluster and self.cluster.startswith("local:") and self.cluster[6:].isdigit():
+            return max(1, int(self.cluster[6:]))
+        return self.jobs
 
     def recorded(self) -> dict[str, Any]:
         """What the manifest says about the options (the command-line ones, by field name)."""

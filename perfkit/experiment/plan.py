@@ -23,6 +23,7 @@ from perfkit.experiment.code import CodeState
 from perfkit.experiment.hypothesis import Hypothesis, check_parameter, notebook_parameters
 from perfkit.experiment.options import RunOptions
 from perfkit.experiment.results import Execution
+from perfkit.machine import fitness
 from perfkit.paths import Project
 
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -224,11 +225,13 @@ def plan(
         code = notebook_code(path)
         notebooks[h.probe.notebook] = hashlib.sha256(code).hexdigest()[:16]
         under_test = basis.code(h.probe.code)
+        threads = h.probe.threads or options.threads or fitness.threads_for(options.at_once())
+        environment = {**basis.environment, "threads": threads}  # the treatment, the same for every replicate
         keys = []
         for point in _points(h, params, quick=quick, overrides=overrides, note=note):
-            key = execution_key(code, point, basis.source_hash, options.profile, basis.environment, under_test.digest)
+            key = execution_key(code, point, basis.source_hash, options.profile, environment, under_test.digest)
             code_of[key] = under_test
-            by_key.setdefault(key, Execution(key=key, notebook=h.probe.notebook, params=point))
+            by_key.setdefault(key, Execution(key=key, notebook=h.probe.notebook, params=point, threads=threads))
             counts[key] = max(counts.get(key, 1), h.probe.replicates or replicates)
             needed = resources.setdefault(key, {})
             for name, amount in h.probe.resources.items():

@@ -24,7 +24,8 @@ Format history (`format_version`), the same numbers for both files:
      and never stands for an unprofiled one) and the `machine` it measured on (CPU, cores, GPUs).
   5: an execution says the `host` a cluster worker ran it on (null: the machine of the run).
   6: a result says what `changed` since the standing measurement when its executions' keys differ
-     (the code under test, packages, environment, machine, probe) and how far the measurement moved.
+     (the code under test, packages, environment, machine, probe) and how far the measurement moved;
+     an execution says the CPU `threads` it ran with (null: not decided by the run, before format 6).
 Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file is refused.
 """
 
@@ -73,6 +74,7 @@ class Execution:
     evalue: str | None = None
     records: tuple[MetricRecord, ...] = ()
     host: str | None = None  # the machine it ran on, when a cluster worker ran it (None: this machine)
+    threads: int | None = None  # CPU threads every replicate of it ran with (decided once, by the plan)
 
     def label(self) -> str:
         shown = " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
@@ -107,6 +109,7 @@ class Execution:
             evalue=r.get("evalue", str, optional=True),
             records=tuple(MetricRecord.from_json(c) for c in r.children("records")) if "records" in r.data else (),
             host=r.get("host", str, optional=True),
+            threads=r.get("threads", int, optional=True),
         )
 
 
@@ -370,10 +373,12 @@ def _4_to_5(old: dict) -> dict:
 
 
 def _5_to_6(old: dict) -> dict:
-    """Earlier results did not say what changed (null)."""
+    """Earlier results did not say what changed, nor executions their threads (null)."""
     for h in old.get("hypotheses", []):
         if isinstance(h, dict):
             h.setdefault("changed", None)
+    for x in _executions_in(old):
+        x.setdefault("threads", None)
     return old
 
 

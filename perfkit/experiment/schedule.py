@@ -11,7 +11,6 @@ A replicate measured on a busy machine is re-run once at the end of the look.
 from __future__ import annotations
 
 import json
-import os
 import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -74,8 +73,9 @@ def _execute_one(ctx: RunContext, planned: Execution, kernel_dir: Path, *, told:
     """One replicate on this machine."""
     exec_dir = ctx.run_dir.execution_dir(planned.id)
     exec_dir.mkdir(parents=True, exist_ok=True)
-    env = fitness.thread_env(sharing=ctx.options.jobs)
-    threads = env.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS")
+    threads = planned.threads or fitness.threads_for(ctx.options.jobs)  # decided by the plan, for every replicate
+    waited = fitness.wait_for_cores(threads, sharing=ctx.options.jobs)
+    env = fitness.thread_env(threads)
     profiled = profiling.prepare(ctx.options.profile, ctx.project.notebooks_dir / planned.notebook, exec_dir)
     if profiled.kernel_prefix:  # the kernel itself runs under the profiler: a kernelspec of its own
         kernel_dir = executor.ensure_kernelspec(exec_dir / "jupyter", prefix=profiled.kernel_prefix)
@@ -91,7 +91,8 @@ def _execute_one(ctx: RunContext, planned: Execution, kernel_dir: Path, *, told:
         env={**env, **(profiled.env or {})},
         extra={REPLICATE_PARAM: planned.replicate} if told else None,
     )
-    ctx.say(f"{tag} start    {label(planned)}  ({threads} threads)")
+    wait = f", after waiting {waited:.0f} s for free cores" if waited >= 1 else ""
+    ctx.say(f"{tag} start    {label(planned)}  ({threads} threads{wait})")
     return finish(exec_dir, executor.measure(job), tag=tag, say=ctx.say)
 
 
@@ -187,8 +188,10 @@ def _say_why(ctx: RunContext, to_run: list[Execution]) -> None:
     for x in to_run:
         if x.key in ctx.why:
             continue
-        ctx.why[x.key], _ = why.reason(earlier, x, ctx.now, forced=ctx.options.force)
-        ctx.say(f"[execute] {x.label()}: {ctx.why[x.key]}")
+        said, compared = why.reason(earlier, x, ctx.now, forced=ctx.options.force)
+        if compared is not None:  # what changed since a run whose evidence is here: for the result's `changed`
+            ctx.why[x.key] = said
+        ctx.say(f"[execute] {x.label()}: {said}")
 
 
 def execute(ctx: RunContext) -> None:

@@ -16,6 +16,8 @@ from perfkit.experiment import code
 from perfkit.experiment.results import Execution
 from perfkit.paths import Project
 
+NEVER = "never measured here"  # no earlier run under runs/ executed this notebook with these parameters
+
 
 @dataclass(frozen=True)
 class Now:
@@ -107,7 +109,7 @@ def reason(earlier: Earlier, planned: Execution, now: Now, *, forced: bool) -> t
         return "--force", None
     last = earlier.last(planned)
     if last is None:
-        return "never measured", None
+        return NEVER, None
     run_id, manifest, x = last
     if x.get("key") == planned.key:
         if x.get("unfit"):

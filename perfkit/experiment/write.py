@@ -62,8 +62,9 @@ def write(ctx: RunContext, judged: list[judging.Judged], *, git: dict, machine: 
                 (staged / f"{result.id}.png").unlink(missing_ok=True)  # the ledger's plot stays the measured one
                 continue
             fresh.append(result)
-            if options.profile and entry is not None and not (entry.run and entry.run.profile):
-                (staged / f"{result.id}.png").unlink(missing_ok=True)  # a profiled run never replaces the plot
+            if history.attempt_of(result, options.profile) and entry is not None and history.attempt(entry) is None:
+                # a busy machine, a failed probe or a profiler: the fit measurement's plot stays the ledger's
+                (staged / f"{result.id}.png").unlink(missing_ok=True)
         results = RunResults(
             run_id=ctx.run_dir.run_id,
             created=ctx.run_dir.created,

@@ -37,14 +37,50 @@ def free_cores(*, sharing: int = 1, seconds: float = 0.2) -> int:
     return max(1, int(cores - busy + 0.5) // max(1, sharing))
 
 
-def thread_env(*, sharing: int = 1) -> dict[str, str]:
-    """Thread-pool variables giving a probe the free cores, unless the user set them (their choice stands)."""
+def threads_for(jobs: int = 1, environ: dict[str, str] | None = None) -> int:
+    """The CPU threads a run gives each probe execution, decided once (never from the moment's load):
+    the user's OMP_NUM_THREADS when set, else the machine's cores shared by `jobs` executions at a time."""
     import os
 
-    if any(name in os.environ for name in THREAD_VARIABLES):
-        return {}
-    threads = str(free_cores(sharing=sharing))
-    return {name: threads for name in THREAD_VARIABLES}
+    import psutil
+
+    environ = os.environ if environ is None else environ
+    for name in THREAD_VARIABLES:
+        try:
+            if int(environ.get(name, "")) >= 1:
+                return int(environ[name])
+        except ValueError:
+            continue
+    return max(1, (psutil.cpu_count(logical=True) or 1) // max(1, jobs))
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The thread-pool variables that give a probe exactly `threads` threads (torch reads them at start)."""
+    return {name: str(threads) for name in THREAD_VARIABLES}
+
+
+WAIT_FOR_CORES_S = 10.0  # how long a replicate waits for its cores before it runs anyway (and is judged)
+
+
+def wait_for_cores(threads: int, *, sharing: int = 1, timeout_s: float = WAIT_FOR_CORES_S) -> float:
+    """Wait, at most `timeout_s`, until `threads` cores are free for each of `sharing` executions; the seconds waited.
+
+    A replicate never runs with fewer threads than its execution's: it waits for them, and when they
+    do not come it runs with its count and the utilization trace judges whether it was fit.
+    """
+    import time
+
+    started = time.monotonic()
+    while free_cores(sharing=sharing, seconds=0.5) < min(threads, free_cores_total()):
+        if time.monotonic() - started >= timeout_s:
+            break
+    return time.monotonic() - started
+
+
+def free_cores_total() -> int:
+    import psutil
+
+    return psutil.cpu_count(logical=True) or 1
 
 
 BLOCK_S = 1.0  # foreign load is judged per second or so: the tree finds new processes once a second

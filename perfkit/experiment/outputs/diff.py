@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from perfkit.experiment.compare import KINDS, Change, move_words
-from perfkit.experiment.outputs.words import measured_text, other_levels
+from perfkit.experiment.outputs.words import cell, measured_or_why, other_levels
 
 
 def _move_text(change: Change) -> str:
@@ -16,10 +16,11 @@ def text(changes: list[Change], base_name: str) -> str:
     for c in changes:
         if c.kind == "unchanged":
             continue
-        was = measured_text(c.base) if c.base else "—"
-        now = measured_text(c.current) if c.current else "—"
         moved = f" ({_move_text(c)})" if _move_text(c) else ""
+        was, now = measured_or_why(c.base), measured_or_why(c.current)
         lines.append(f"  {c.kind:<15} {c.id:<34} {c.verdict_words:<26} {was} -> {now}{moved}")
+        if c.attempt:
+            lines.append(f"  {'':<15} {'':<34} {c.attempt}")
     return "\n".join(lines) + "\n"
 
 
@@ -39,15 +40,16 @@ def markdown(changes: list[Change], base_name: str, *, plots_url: str = "hypothe
         for c in changed:
             plot = c.current.plot if c.current and c.current.plot else None
             thumb = f'<img src="{plots_url}{plot}" width="120">' if plot else ""
+            after = measured_or_why(c.current) + (f"; {c.attempt}" if c.attempt else "")
             lines.append(
-                f"| {c.kind} | `{c.id}` | {c.verdict_words} | {measured_text(c.base) if c.base else '—'} "
-                f"| {measured_text(c.current) if c.current else '—'} | {_move_text(c)} | {thumb} |"
+                f"| {c.kind} | `{c.id}` | {c.verdict_words} | {cell(measured_or_why(c.base))} "
+                f"| {cell(after)} | {_move_text(c)} | {thumb} |"
             )
     else:
         lines.append("No verdict or measurement changed.")
     unchanged = [c for c in changes if c.kind == "unchanged"]
     if unchanged:
         lines += ["", f"<details><summary>{len(unchanged)} unchanged</summary>", ""]
-        lines += [f"- `{c.id}`: {c.verdict_words}, {measured_text(c.current) or '—'}" for c in unchanged]
+        lines += [f"- `{c.id}`: {c.verdict_words}, {measured_or_why(c.current)}" for c in unchanged]
         lines += ["", "</details>"]
     return "\n".join(lines) + "\n"

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from perfkit import units
-from perfkit.experiment.history import Entry, history, standing
+from perfkit.experiment.history import Entry, attempt, before, history, standing
 from perfkit.experiment.hypothesis import load_hypotheses
 from perfkit.experiment.outputs.words import (
     LEVEL_NOTE,
@@ -38,14 +38,18 @@ SHOWN_HISTORY = 5  # measurements per hypothesis shown in History before the col
 
 
 def _history_row(entry: Entry, previous: Entry | None) -> str:
+    """One row; `previous` is the fit measurement before it (an attempt is never a flip)."""
     notes = []
-    flip = flip_note(previous.result.verdict if previous else None, entry.result.verdict, mark="**")
+    why = attempt(entry)
+    flip = None if why else flip_note(previous.result.verdict if previous else None, entry.result.verdict, mark="**")
     if flip:
         notes.append(flip)
     if previous is not None and entry.result.hash != previous.result.hash:
         notes.append("hypothesis edited")
     if entry.run and entry.run.profile:
         notes.append(f"profiled ({entry.run.profile}): not the standing measurement")
+    elif why:
+        notes.append(f"not measured: {why}; the standing measurement is kept")
     if entry.result.not_reproduced:
         notes.append(f"**not reproduced**: {entry.result.not_reproduced}")
     if entry.result.changed:
@@ -84,7 +88,9 @@ def render(all_results: list[RunResults]) -> str:
         if run is None:
             continue
         machine = run.machine or "machine not recorded"
-        lines.append(f"- {run_id}: {run.created}, {run_words(run)}; {machine}")
+        threads = sorted({x.threads for r in run.hypotheses for x in r.executions if x.threads})
+        count = f"; {'/'.join(map(str, threads))} CPU thread{'s' if threads != [1] else ''}" if threads else ""
+        lines.append(f"- {run_id}: {run.created}, {run_words(run)}; {machine}{count}")
     floors = [(hid, standing(runs).result.floor) for hid, runs in entries.items() if standing(runs).result.floor]
     if floors:
         lines += ["", "Floors used as expected costs:", ""]
@@ -102,7 +108,7 @@ def render(all_results: list[RunResults]) -> str:
     ]
     header = ["| run | how | verdict | measured [95% interval] | note |", "|---|---|---|---|---|"]
     for hid, runs in entries.items():
-        rows = [_history_row(e, runs[i - 1] if i else None) for i, e in enumerate(runs)]
+        rows = [_history_row(e, before(runs, e)) for e in runs]
         older = rows[:-SHOWN_HISTORY]
         flips = [row for row in older if "**flip**" in row]
         lines += [f"### `{hid}`", "", *header, *flips, *rows[-SHOWN_HISTORY:], ""]

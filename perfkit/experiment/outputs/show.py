@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from perfkit import units
 from perfkit.errors import UserError
-from perfkit.experiment.history import history, standing
+from perfkit.experiment.history import attempt, history, standing
 from perfkit.experiment.hypothesis import load_hypotheses
 from perfkit.experiment.outputs.words import evidence_text, flip_note, measured_text, off_by_text, run_words
 from perfkit.experiment.results import load_all_results
@@ -29,8 +29,14 @@ def describe(project: Project, hid: str) -> str:
     latest = standing(runs)
     r = latest.result
     stale = hid in hypotheses and hypotheses[hid].hash != r.hash
+    tried = runs[-1] if runs[-1] is not latest and attempt(runs[-1]) else None
     lines += [
-        f"== latest verdict (run {latest.run_id}){'  [STALE: the record changed since]' if stale else ''}",
+        f"== standing verdict (run {latest.run_id}){'  [STALE: the record changed since]' if stale else ''}",
+        *(
+            [f"later:    run {tried.run_id} did not measure it ({attempt(tried)}): this verdict stands"]
+            if tried
+            else []
+        ),
         f"verdict:  {r.verdict}",
         f"expected: {r.expected}",
         f"measured: {measured_text(r) or '—'}",

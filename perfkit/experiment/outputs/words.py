@@ -26,6 +26,13 @@ def measured_text(result: HypothesisResult) -> str | None:
     return result.measured.text() + ("" if level == DEFAULT_LEVEL else f" ({level} interval)")
 
 
+def measured_or_why(result: HypothesisResult | None) -> str:
+    """What a side of a comparison measured, in words: the interval, 'not measured: why', or '—' (absent)."""
+    if result is None:
+        return "—"
+    return measured_text(result) or f"not measured: {result.reason or result.verdict}"
+
+
 def other_levels(results: list[HypothesisResult]) -> bool:
     """Whether any of these was judged at another level than the headers' 95%."""
     return any(r.measured is not None and r.measured.level() != DEFAULT_LEVEL for r in results)
