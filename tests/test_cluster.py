@@ -24,7 +24,9 @@ def project(tmp_path, monkeypatch) -> Project:
     root = tmp_path / "project"
     shutil.copytree(FIXTURES, root)
     monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None: None)  # the suite shares the machine
+    monkeypatch.setattr(
+        schedule.fitness, "unfit", lambda trace, window=None, limits=None: None
+    )  # the suite shares the machine
     return Project(root)
 
 
@@ -37,7 +39,7 @@ def test_a_local_cluster_gives_the_verdicts_of_a_local_run(project):
 
     environ = dict(os.environ)
     lines: list[str] = []
-    here = run(project, ids=QUICK, quick=True, replicates=2, timeout_s=60, out=lines.append)
+    here = run(project, ids=QUICK, quick=True, replicates=2, jobs=2, timeout_s=60, out=lines.append)
     # two rounds of replicates: the second must still find what the first shipped to the workers
     there = run(project, ids=QUICK, quick=True, replicates=2, timeout_s=60, cluster="local:2", out=lines.append)
     assert dict(os.environ) == environ  # Dask's settings for its workers (OMP_NUM_THREADS=1, ...) stay out of ours

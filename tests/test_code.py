@@ -111,6 +111,11 @@ def test_settings_are_read_from_tool_perfkit_and_unknown_keys_refused(tmp_path):
     (tmp_path / "pyproject.toml").write_text("[tool.perfkit]\ncode = []\n")
     with pytest.raises(UserError, match="code must be a list of paths and package names"):
         config.read(project)
+    (tmp_path / "pyproject.toml").write_text("[tool.perfkit]\nfitness = {foreign_share = 0.1}\n")
+    assert config.read(project).fitness.foreign_share == 0.1 and config.read(project).fitness.episodes == 0.25
+    (tmp_path / "pyproject.toml").write_text("[tool.perfkit]\nfitness = {foreign_share = 0}\n")
+    with pytest.raises(UserError, match=r"pyproject.toml: \[tool.perfkit\] fitness.foreign_share must be a share"):
+        config.read(project)
 
 
 def test_the_kernel_finds_the_project_and_puts_it_first_on_the_import_path(tmp_path, monkeypatch):

@@ -166,7 +166,7 @@ def test_a_full_disk_stops_a_run_with_one_line_and_keeps_what_was_measured(proje
     import errno
 
     monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None: None)
+    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(project.results_dir / "x.json"))

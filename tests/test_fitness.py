@@ -20,13 +20,13 @@ def test_a_quiet_machine_is_fit_even_when_the_probe_is_busy():
 def test_another_process_on_a_core_makes_the_replicate_unfit():
     # the probe on one core, a stranger on the other
     why = fitness.unfit(trace([100] * 9, [100, 100, 95, 100, 100, 100, 100, 100, 100]))
-    assert why.startswith("machine busy: 1.0 cores used by other processes")
+    assert why.startswith("machine busy: 1.0 of 2 cores used by other processes")
 
 
 def test_a_load_episode_is_caught_even_when_the_mean_is_low():
     quiet, busy = [10] * 9, [100] * 8  # two of five seconds with a whole other core busy
     why = fitness.unfit(trace(quiet + busy + quiet[:4], [20] * 21))
-    assert why is not None and "more than one core" in why
+    assert why is not None and "more than 1 cores 40% of the time" in why
 
 
 def test_a_process_the_tree_finds_late_is_not_foreign_load():
@@ -40,6 +40,20 @@ def test_only_the_time_the_cells_ran_counts():
     t = trace([100] * 5 + [10] * 8, [0] * 5 + [20] * 8)  # a stranger during start-up, then quiet
     assert fitness.unfit(t) is not None
     assert fitness.unfit(t, window=(1.25, 3.0)) is None
+
+
+def test_the_limits_are_shares_of_the_machine_and_can_be_set():
+    import pytest
+
+    one_core_busy = trace([100 / 16 + 100 / 16] * 9, [100] * 9, cores=16)  # the probe and one stranger, of 16
+    assert fitness.unfit(one_core_busy) is None  # a core of 16 is not a busy machine; of 2 it is
+    assert fitness.unfit(trace([100] * 9, [100] * 9)) is not None
+    strict = fitness.Limits.parse({"foreign_share": 0.05}, "[tool.perfkit] fitness")
+    assert fitness.unfit(one_core_busy, limits=strict).startswith("machine busy: 1.0 of 16 cores")
+    with pytest.raises(ValueError, match=r"fitness.foreign_share must be a share from 0 to 1, got 2"):
+        fitness.Limits.parse({"foreign_share": 2}, "[tool.perfkit] fitness")
+    with pytest.raises(ValueError, match="has no key foreign_cores"):
+        fitness.Limits.parse({"foreign_cores": 0.5}, "[tool.perfkit] fitness")
 
 
 def quiet(n=9):

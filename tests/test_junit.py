@@ -211,7 +211,7 @@ def test_perfkit_run_junit_writes_a_schema_valid_file_with_a_case_per_hypothesis
 
     shutil.copytree(FIXTURES, tmp_path / "p")
     monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None: None)
+    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
     out = tmp_path / "reports" / "perfkit.xml"
     out.parent.mkdir()
     ids = ["fx-cost-confirmed", "fx-cost-refuted", "fx-raises"]

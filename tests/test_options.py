@@ -83,7 +83,7 @@ def test_the_manifest_records_the_options_the_run_was_given(tmp_path, monkeypatc
 
     shutil.copytree(FIXTURES, tmp_path / "p")
     monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None: None)
+    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
     report = run(Project(tmp_path / "p"), ids=["fx-cost-confirmed"], quick=True, replicates=1, out=lambda s: None)
     manifest = json.loads((tmp_path / "p" / "runs" / report.run_id / "manifest.json").read_text())
     assert manifest["options"]["ids"] == ["fx-cost-confirmed"] and manifest["options"]["quick"] is True

@@ -35,7 +35,7 @@ def first(tmp_path_factory):
         # other people edit perfkit while tests run; the cache key must not move under this module
         mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
         # the suite shares the machine with other work
-        mp.setattr(schedule.fitness, "unfit", lambda trace, window=None: None)
+        mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
         report = run(project, all=True, quick=True, jobs=2, timeout_s=15, replicates=1, out=lines.append)
     return project, report, lines
 
@@ -44,7 +44,7 @@ def rerun(project, **kwargs):
     lines: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-        mp.setattr(schedule.fitness, "unfit", kwargs.pop("unfit", lambda trace, window=None: None))
+        mp.setattr(schedule.fitness, "unfit", kwargs.pop("unfit", lambda trace, window=None, limits=None: None))
         kwargs.setdefault("replicates", 1)
         report = run(project, quick=True, out=lines.append, **kwargs)
     return report, lines
@@ -195,7 +195,7 @@ def test_param_overrides_are_checked(first):
 
 def test_shipped_mask_build_probe_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(
-        schedule.fitness, "unfit", lambda trace, window=None: None
+        schedule.fitness, "unfit", lambda trace, window=None, limits=None: None
     )  # other tests may be running beside this one
     shutil.copytree(ROOT / "hypotheses", tmp_path / "hypotheses", ignore=shutil.ignore_patterns("ledger", "LEDGER.md"))
     shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
@@ -258,7 +258,9 @@ def test_replicates_run_in_rounds_are_told_their_index_and_a_busy_one_is_rerun(f
     project, _, _ = first
     busy_once = {"left": 1}
 
-    def unfit(trace, window=None):  # the first replicate to finish was measured on a busy machine; the re-run is fine
+    def unfit(
+        trace, window=None, limits=None
+    ):  # the first replicate to finish was measured on a busy machine; the re-run is fine
         if busy_once["left"]:
             busy_once["left"] -= 1
             return "machine busy: 1.0 cores used by other processes on average"
@@ -283,7 +285,7 @@ def test_a_verdict_resting_on_a_busy_machine_is_inconclusive_and_the_fit_verdict
     from perfkit.experiment.results import load_all_results
 
     project, _, _ = first
-    rerun(project, ids=["fx-cost-confirmed"], force=True, replicates=2)  # a fit measurement first
+    rerun(project, ids=["fx-cost-confirmed"], force=True)  # a fit measurement first
     before = load_all_results(project)
     plot = (project.plots_dir / "fx-cost-confirmed.png").read_bytes()
     row = next(
@@ -294,7 +296,7 @@ def test_a_verdict_resting_on_a_busy_machine_is_inconclusive_and_the_fit_verdict
         ids=["fx-cost-confirmed"],
         force=True,
         replicates=2,
-        unfit=lambda trace, window=None: "machine busy: 1.2 cores used by other processes on average",
+        unfit=lambda trace, window=None, limits=None: "machine busy: 1.2 cores used by other processes on average",
     )
     (result,) = report.results.hypotheses
     assert result.verdict == "inconclusive"
@@ -330,7 +332,7 @@ def test_a_closed_pipe_never_stops_the_measurement(first):
 
     report, _ = rerun(project, ids=["fx-cost-confirmed"], force=True)  # a baseline that runs
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(schedule.fitness, "unfit", lambda trace, window=None: None)
+        mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
         mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
         piped = run(project, ids=["fx-cost-confirmed"], quick=True, force=True, replicates=1, out=closed_after_two)
     assert len(said) == 2  # the reader left after two lines
@@ -458,8 +460,8 @@ def test_every_replicate_of_an_execution_runs_with_the_threads_the_run_decided_o
     assert all("(1 threads" in line for line in lines if " start " in line)
     (result,) = report.results.hypotheses
     assert {x.threads for x in result.executions} == {1}
-    two, _ = rerun(project, ids=["fx-silent"], overrides={"mode": "threads"}, replicates=2, threads=2)
-    assert two.executed == 2  # another thread count is another treatment: never reused for this one
+    two, _ = rerun(project, ids=["fx-silent"], overrides={"mode": "threads"}, replicates=1, threads=2)
+    assert two.executed == 1  # another thread count is another treatment: never reused for this one
     (measured_by,) = [
         line for line in project.ledger_path.read_text().splitlines() if line.startswith(f"- {two.run_id}:")
     ]
@@ -567,7 +569,7 @@ def test_a_notebook_executed_by_hand_with_papermill_gets_the_runs_verdicts(first
 def test_run_show_and_validate_speak_json(first, monkeypatch, capsys):
     project, _, _ = first
     monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None: None)
+    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
     root = ["--root", str(project.root)]
     assert main([*root, "run", "fx-share", "--quick", "--replicates", "1", "--json"]) == 0
     captured = capsys.readouterr()

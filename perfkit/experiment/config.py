@@ -4,7 +4,9 @@ Keys:
 - `cluster = "ADDRESS"` (or "local:N"): where `perfkit run` sends its executions by default;
 - `code = ["src", "ownlib", "numpy", ...]`: what the code under test is, as paths under the project
   root and installed distribution names (default: the whole working tree and every installed
-  distribution; perfkit/experiment/code.py).
+  distribution; perfkit/experiment/code.py);
+- `fitness = {foreign_share = 0.25, episode_share = 0.5, episodes = 0.25}`: when other processes'
+  load makes a replicate unfit, as shares of the machine's cores (perfkit/machine/fitness.py).
 An unknown key is refused, naming the file: a typo must not silently change what is measured.
 """
 
@@ -15,15 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfkit.errors import UserError
+from perfkit.machine import fitness
 from perfkit.paths import Project
 
-KEYS = ("cluster", "code")
+KEYS = ("cluster", "code", "fitness")
 
 
 @dataclass(frozen=True)
 class Settings:
     cluster: str | None = None
     code: tuple[str, ...] | None = None  # None: the default (everything); see perfkit/experiment/code.py
+    fitness: fitness.Limits = fitness.LIMITS
     source: str | None = None  # the file they came from, as the user sees it
 
 
@@ -64,4 +68,11 @@ def read(project: Project) -> Settings:
         not isinstance(code, list) or not all(isinstance(c, str) and c.strip() for c in code) or not code
     ):
         raise UserError(f"{shown}: {label} code must be a list of paths and package names, got {code!r}")
-    return Settings(cluster=cluster, code=None if code is None else tuple(code), source=shown)
+    limits = table.get("fitness", {})
+    if not isinstance(limits, dict):
+        raise UserError(f"{shown}: {label} fitness must be a table, got {limits!r}")
+    try:
+        parsed = fitness.Limits.parse(limits, f"{label} fitness")
+    except ValueError as exc:
+        raise UserError(f"{shown}: {exc}") from None
+    return Settings(cluster=cluster, code=None if code is None else tuple(code), fitness=parsed, source=shown)

@@ -13,6 +13,7 @@ from perfkit.experiment.replicates import Policy
 from perfkit.experiment.results import Execution
 from perfkit.experiment.rundir import RunDir
 from perfkit.experiment.why import Now
+from perfkit.machine import fitness
 from perfkit.paths import Project
 
 
@@ -49,6 +50,7 @@ class RunContext:
     plan: Plan
     say: Printer
     now: Now | None = None  # what the keys are made of, to say what changed since an earlier run
+    limits: fitness.Limits = fitness.LIMITS  # when other load makes a replicate unfit ([tool.perfkit] fitness)
     client: Any = None  # the Dask client, when the executions go to a cluster
     shipped: Any = None  # the run's code on the cluster (cluster.ship), sent once
     done: dict[str, Execution] = field(default_factory=dict)  # execution id -> as it ended (or was reused)

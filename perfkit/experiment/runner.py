@@ -59,15 +59,22 @@ def run(project: Project, options: RunOptions, *, out: Callable[[str], None] = p
     rundir.check_writable(project)
     client = remote.connect(options.cluster) if options.cluster else None  # unreachable: an error, nothing written
     try:
-        code_for = code.resolver(project, settings.code)
-        return _run(_start(project, options, hypotheses, client, Printer(out), code_for), hypotheses, started)
+        return _run(_start(project, options, hypotheses, client, Printer(out), settings), hypotheses, started)
     finally:
         if client is not None:
             remote.close(client)
 
 
-def _start(project: Project, options: RunOptions, hypotheses: list[Hypothesis], client: Any, say: Printer, code_for):
+def _start(
+    project: Project,
+    options: RunOptions,
+    hypotheses: list[Hypothesis],
+    client: Any,
+    say: Printer,
+    settings: config.Settings,
+):
     """Plan, then claim the run's folder and write its manifest as "running"."""
+    code_for, limits = code.resolver(project, settings.code), settings.fitness
     policy = replicates.policy(
         quick=options.quick, replicates=options.replicates, max_replicates=options.max_replicates
     )
@@ -81,7 +88,7 @@ def _start(project: Project, options: RunOptions, hypotheses: list[Hypothesis], 
     if client is not None:
         remote.check_resources(client, the_plan.resources, {x.key: x.label() for x in the_plan.executions})
     now = why.Now(the_plan.notebooks, the_plan.code, source_hash, environment, options.profile)
-    ctx = RunContext(project, options, rundir.new_run_dir(project), policy, the_plan, say, now, client)
+    ctx = RunContext(project, options, rundir.new_run_dir(project), policy, the_plan, say, now, limits, client)
     recorded = options.recorded() | {"replicates": policy.first, "hypotheses": [h.id for h in hypotheses]}
     manifest = rundir.manifest(ctx.run_dir, command=options.command, options=recorded, source_hash=source_hash)
     manifest["cache_key"] = environment  # what, besides the notebook and parameters, a reuse must match

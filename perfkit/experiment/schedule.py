@@ -19,7 +19,7 @@ from pathlib import Path
 from perfkit.experiment import cluster as remote
 from perfkit.experiment import execute as executor
 from perfkit.experiment import profiling, why
-from perfkit.experiment.context import Printer, RunContext
+from perfkit.experiment.context import RunContext
 from perfkit.experiment.plan import REPLICATE_PARAM
 from perfkit.experiment.results import Execution, read_execution, write_execution
 from perfkit.files import dumps, write_atomic
@@ -51,18 +51,18 @@ def label(x: Execution) -> str:
     return f"{x.label()} [replicate {x.replicate}]"
 
 
-def finish(exec_dir: Path, ended: executor.Ended, *, tag: str, say: Printer) -> Execution:
+def finish(exec_dir: Path, ended: executor.Ended, *, tag: str, ctx: RunContext) -> Execution:
     """After an execution, wherever it ran: fitness from its trace, its files, one line saying how it ended."""
     execution = ended.execution
     if ended.trace is not None:
-        execution = replace(execution, unfit=fitness.unfit(ended.trace, ended.window()))
+        execution = replace(execution, unfit=fitness.unfit(ended.trace, ended.window(), ctx.limits))
         write_atomic(exec_dir / "utilization.json", dumps(json.loads(json.dumps(ended.trace, default=str))))
         utilization.plot_trace(ended.trace, exec_dir / "utilization.png", intervals=list(ended.cells))
     write_execution(exec_dir / "execution.json", execution)
     detail = f"{len(execution.records)} records" if execution.status == "ok" else execution.reason
     status = "ok" if execution.status == "ok" else execution.status.upper()
     on = f" on {execution.host}" if execution.host else ""
-    say(
+    ctx.say(
         f"{tag} finished {label(execution)}{on}  {execution.wall_s:.1f} s  {status}: {detail}"
         + (f"  UNFIT: {execution.unfit}" if execution.unfit else "")
     )
@@ -93,7 +93,7 @@ def _execute_one(ctx: RunContext, planned: Execution, kernel_dir: Path, *, told:
     )
     wait = f", after waiting {waited:.0f} s for free cores" if waited >= 1 else ""
     ctx.say(f"{tag} start    {label(planned)}  ({threads} threads{wait})")
-    return finish(exec_dir, executor.measure(job), tag=tag, say=ctx.say)
+    return finish(exec_dir, executor.measure(job), tag=tag, ctx=ctx)
 
 
 def _round(ctx: RunContext, batch: list[Execution], tags: dict[str, str], done: dict) -> None:
@@ -123,7 +123,7 @@ def _on_cluster(ctx: RunContext, batch: list[Execution], tags: dict[str, str], d
     def ended(x: Execution, got: executor.Ended) -> None:
         exec_dir = ctx.run_dir.execution_dir(x.id)
         exec_dir.mkdir(parents=True, exist_ok=True)
-        done[x.id] = finish(exec_dir, got, tag=tags[x.id], say=ctx.say)
+        done[x.id] = finish(exec_dir, got, tag=tags[x.id], ctx=ctx)
 
     requests = [
         remote.Request(

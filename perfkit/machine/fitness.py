@@ -10,10 +10,31 @@ tree. Only the time the notebook's cells ran counts.
 
 from __future__ import annotations
 
-#: mean cores used by processes outside the probe's tree above which a replicate is unfit
-FOREIGN_CORES = 0.5
-#: ... or this share of the samples with more than a whole core of foreign load (a load episode)
-EPISODE_SHARE = 0.25
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When foreign load makes a replicate unfit, as shares of the machine's logical cores (so the same
+    limits mean the same on 2 cores and on 64); set in `[tool.perfkit] fitness = {...}`."""
+
+    foreign_share: float = 0.25  # mean load of processes outside the probe's tree above this share: unfit
+    episode_share: float = 0.5  # a second with foreign load above this share of the cores is a load episode
+    episodes: float = 0.25  # ... and more than this share of the seconds in episodes: unfit
+
+    @classmethod
+    def parse(cls, table: dict, where: str) -> Limits:
+        """From a settings table; a ValueError names the key that is wrong."""
+        known = {f.name for f in fields(cls)}
+        for key, value in table.items():
+            if key not in known:
+                raise ValueError(f"{where} has no key {key} (known: {', '.join(sorted(known))})")
+            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
+                raise ValueError(f"{where}.{key} must be a share from 0 to 1, got {value!r}")
+        return cls(**{k: float(v) for k, v in table.items()})
+
+
+LIMITS = Limits()
 SWAP_BYTES = 16 * 2**20  # swapped in or out during the measurement
 CLOCK_DROP = 0.7  # the CPU clock below this share of its median in the window
 #: NVML clock-throttle reasons that slow a measurement (idle, application and display clock
@@ -123,15 +144,17 @@ def _inside(trace: dict, values: list, window: tuple[float, float] | None) -> li
     ]
 
 
-def _busy(trace: dict, window: tuple[float, float] | None) -> str | None:
+def _busy(trace: dict, window: tuple[float, float] | None, limits: Limits) -> str | None:
     load = foreign_cores(trace, window)
     if not load:
         return None
+    cores = trace.get("logical_cores") or 1
     mean = sum(load) / len(load)
-    episode = sum(1 for x in load if x > 1.0) / len(load)
-    if mean > FOREIGN_CORES or episode > EPISODE_SHARE:
-        return f"machine busy: {mean:.1f} cores used by other processes on average" + (
-            f", more than one core {episode:.0%} of the time" if episode > EPISODE_SHARE else ""
+    episode = sum(1 for x in load if x > limits.episode_share * cores) / len(load)
+    if mean > limits.foreign_share * cores or episode > limits.episodes:
+        over = f", more than {limits.episode_share * cores:g} cores {episode:.0%} of the time"
+        return f"machine busy: {mean:.1f} of {cores} cores used by other processes on average" + (
+            over if episode > limits.episodes else ""
         )
     return None
 
@@ -167,11 +190,14 @@ def _gpus(trace: dict, window: tuple[float, float] | None) -> str | None:
     return None
 
 
-def unfit(trace: dict | None, window: tuple[float, float] | None = None) -> str | None:
+def unfit(trace: dict | None, window: tuple[float, float] | None = None, limits: Limits = LIMITS) -> str | None:
     """Why the machine was not fit to measure on during this trace (within `window`), or None when it was."""
     if not trace:
         return None
-    for check in (_busy, _swapping, _clock, _gpus):
+    why = _busy(trace, window, limits)
+    if why:
+        return why
+    for check in (_swapping, _clock, _gpus):
         why = check(trace, window)
         if why:
             return why
