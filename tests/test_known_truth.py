@@ -139,6 +139,25 @@ def test_not_reproduced_only_when_nothing_changed_and_the_intervals_are_disjoint
     assert not_reproduced(measured(1.0, 2.0), None, "r1") is None
 
 
+def test_other_keys_are_never_not_reproduced_but_say_what_changed_and_how_far_it_moved():
+    from perfkit.experiment.judging import changed
+
+    def measured(low, high, key="k"):
+        return result("h", "confirmed", (low + high) / 2, key, width=(high - low) / (low + high))
+
+    then, slower = measured(3.9, 4.1), measured(11.8, 12.2, key="k2")
+    assert not_reproduced(slower, then, "r1") is None  # the keys differ: never "nothing changed"
+    said = changed(slower, then, "r1", ["ownlib/__init__.py changed since run r1"])
+    assert said == "ownlib/__init__.py changed since run r1: 3x higher than 4 ms [3.9, 4.1]"
+    unknown = changed(slower, then, "r1", [])  # the earlier run's evidence is not here to compare with
+    assert unknown.startswith("measured with other execution keys than run r1") and "cannot be named" in unknown
+    assert (
+        changed(measured(3.95, 4.15, key="k2"), then, "r1", ["x changed"])
+        == "x changed: within the noise of 4 ms [3.9, 4.1]"
+    )
+    assert changed(then, then, "r1", []) is None  # the same keys: not_reproduced speaks
+
+
 def test_a_run_that_may_look_again_spends_its_error_rate_across_the_looks():
     quick = policy.policy(quick=True, replicates=None, max_replicates=None)
     full = policy.policy(quick=False, replicates=None, max_replicates=None)

@@ -54,4 +54,5 @@ class RunContext:
     client: Any = None  # the Dask client, when the executions go to a cluster
     shipped: Any = None  # the run's code on the cluster (cluster.ship), sent once
     done: dict[str, Execution] = field(default_factory=dict)  # execution id -> as it ended (or was reused)
-    why: dict[str, str] = field(default_factory=dict)  # execution key -> why it was executed again
+    why: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (why it ran again, the run compared with)
+    said: set[str] = field(default_factory=set)  # keys whose reason was printed

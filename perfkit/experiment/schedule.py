@@ -186,11 +186,12 @@ def _say_why(ctx: RunContext, to_run: list[Execution]) -> None:
         return
     earlier = why.Earlier(ctx.project, ctx.run_dir.run_id)
     for x in to_run:
-        if x.key in ctx.why:
+        if x.key in ctx.said:  # once per execution, not per replicate (nor per look)
             continue
+        ctx.said.add(x.key)
         said, compared = why.reason(earlier, x, ctx.now, forced=ctx.options.force)
         if compared is not None:  # what changed since a run whose evidence is here: for the result's `changed`
-            ctx.why[x.key] = said
+            ctx.why[x.key] = (said, compared)
         ctx.say(f"[execute] {x.label()}: {said}")
 
 

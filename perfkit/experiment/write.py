@@ -51,7 +51,9 @@ def write(ctx: RunContext, judged: list[judging.Judged], *, git: dict, machine: 
             entry = standing.get(result.id)
             previous = entry.result if entry else None
             run_id = entry and entry.run_id
-            said = [ctx.why[x.key] for x in result.executions if x.key in ctx.why]
+            # what changed, as far as it was compared with the standing measurement's own runs
+            theirs = {entry.run_id, *(x.run_id for x in previous.executions)} if entry and previous else set()
+            said = [ctx.why[x.key][0] for x in result.executions if x.key in ctx.why and ctx.why[x.key][1] in theirs]
             result = replace(
                 result,
                 not_reproduced=judging.not_reproduced(result, previous, run_id),
