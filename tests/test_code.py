@@ -61,6 +61,16 @@ def test_only_the_code_under_test_moves_the_key_and_the_index_is_never_touched(r
     assert (root / ".git" / "index").read_bytes() == index and git(root, "rev-parse", "HEAD") == head
 
 
+def test_same_size_edits_right_after_the_commit_are_each_seen(repo):
+    """Racy git: an edit within the index's own second, of the same size, must not look unchanged."""
+    seen = {digest(repo)}
+    for i in range(2, 7):
+        (repo.root / "ownlib" / "__init__.py").write_text(f"def work():\n    return {i}\n")
+        now = digest(repo)
+        assert now not in seen, i
+        seen.add(now)
+
+
 def test_a_run_names_the_files_that_changed(repo):
     before = code.state(repo).to_json()
     (repo.root / "ownlib" / "__init__.py").write_text("def work():\n    return 3\n")

@@ -82,7 +82,8 @@ def working_tree(project: Project, top: Path) -> str:
     with tempfile.TemporaryDirectory(prefix="perfkit-index-") as tmp:
         env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
         if index.is_file():
-            shutil.copyfile(index, Path(tmp) / "index")  # its stat cache: unchanged files are not hashed again
+            # its stat cache, and its time: git re-hashes an entry not older than the index ("racily clean")
+            shutil.copy2(index, Path(tmp) / "index")
         _git(top, "add", "--all", "--", ".", *skipped, env=env)
         tracked = [*named, f":(glob){prefix}notebooks/**/*.ipynb"]
         _git(top, "rm", "--cached", "-r", "-q", "--ignore-unmatch", "--", *tracked, env=env)
