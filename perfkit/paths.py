@@ -86,15 +86,24 @@ def find_project(root: str | os.PathLike | None = None) -> Project:
     )
 
 
-def git(directory: Path, *args: str) -> str:
-    """`git ARGS` run in `directory`: its output, or a UserError saying what git said."""
+def git(directory: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """`git ARGS` run in `directory` (with `env` instead of this process's environment): its output, or a
+    UserError saying what git said."""
     try:
-        done = subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True, env=env, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UserError(f"git {' '.join(args)}: {exc}") from None
     if done.returncode != 0:
         raise UserError(f"git {' '.join(args)}: {done.stderr.strip() or 'failed'}")
     return done.stdout
+
+
+def git_try(directory: Path, *args: str) -> subprocess.CompletedProcess | None:
+    """`git ARGS` whose exit status is an answer (check-ignore, config --get): None when git cannot run."""
+    try:
+        return subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
 
 
 def git_state(directory: Path) -> tuple[str | None, bool | None]:

@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.errors import UserError
-from perfkit.paths import Project
+from perfkit.paths import Project, git, git_try
 
 EXCLUDED = ("runs", "hypotheses")  # the project's own evidence and records: never the code under test
 SHOWN_FILES = 3  # changed files named in a reason; the rest are counted
@@ -52,22 +51,10 @@ class CodeState:
         }
 
 
-def _git(top: Path, *args: str, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run(["git", *args], cwd=top, capture_output=True, text=True, env=env, timeout=120)
-    if done.returncode != 0:
-        raise UserError(f"git {' '.join(args)}: {done.stderr.strip() or 'failed'}")
-    return done.stdout
-
-
 def git_top(root: Path) -> Path | None:
     """The top of the git working tree holding `root`, or None outside one (or without git)."""
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True, timeout=20
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return Path(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else None
+    done = git_try(root, "rev-parse", "--show-toplevel")
+    return Path(done.stdout.strip()) if done is not None and done.returncode == 0 and done.stdout.strip() else None
 
 
 def working_tree(project: Project, top: Path) -> str:
@@ -75,24 +62,20 @@ def working_tree(project: Project, top: Path) -> str:
     prefix = project.root.resolve().relative_to(top.resolve()).as_posix()
     prefix = "" if prefix == "." else prefix + "/"
     named = [f"{prefix}{name}" for name in EXCLUDED if (project.root / name).exists()]
-    ignored = set(_git_ok(top, "check-ignore", "--", *named).split()) if named else set()
+    said = git_try(top, "check-ignore", "--", *named) if named else None
+    ignored = set(said.stdout.split()) if said is not None else set()
     skipped = [f":(exclude){n}" for n in named if n not in ignored] + [f":(exclude,glob){prefix}notebooks/**/*.ipynb"]
-    index = Path(_git(top, "rev-parse", "--git-path", "index").strip())
+    index = Path(git(top, "rev-parse", "--git-path", "index").strip())
     index = index if index.is_absolute() else top / index
     with tempfile.TemporaryDirectory(prefix="perfkit-index-") as tmp:
         env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
         if index.is_file():
             # its stat cache, and its time: git re-hashes an entry not older than the index ("racily clean")
             shutil.copy2(index, Path(tmp) / "index")
-        _git(top, "add", "--all", "--", ".", *skipped, env=env)
+        git(top, "add", "--all", "--", ".", *skipped, env=env)
         tracked = [*named, f":(glob){prefix}notebooks/**/*.ipynb"]
-        _git(top, "rm", "--cached", "-r", "-q", "--ignore-unmatch", "--", *tracked, env=env)
-        return _git(top, "write-tree", env=env).strip()
-
-
-def _git_ok(top: Path, *args: str) -> str:
-    """`git ARGS` whose exit status only says yes or no (check-ignore): its output either way."""
-    return subprocess.run(["git", *args], cwd=top, capture_output=True, text=True, timeout=60).stdout
+        git(top, "rm", "--cached", "-r", "-q", "--ignore-unmatch", "--", *tracked, env=env)
+        return git(top, "write-tree", env=env).strip()
 
 
 def _files_hash(paths: list[Path]) -> str:
@@ -209,7 +192,7 @@ def state(project: Project, names: tuple[str, ...] | None = None) -> CodeState:
         raise UserError(f"code: {', '.join(missing)} is neither a path in the project nor an installed distribution")
     if tree is not None:
         prefix = root.resolve().relative_to(top.resolve()).as_posix()
-        parts = {p: _git(top, "rev-parse", f"{tree}:{p if prefix == '.' else prefix + '/' + p}").strip() for p in paths}
+        parts = {p: git(top, "rev-parse", f"{tree}:{p if prefix == '.' else prefix + '/' + p}").strip() for p in paths}
     else:
         parts = {p: _files_hash([root / p]) for p in paths}
     return CodeState(_digest(parts, packages), ", ".join(names), tree, parts, packages)
@@ -221,7 +204,7 @@ def _tree_changes(project: Project, old: str, new: str, paths: list[str]) -> lis
     if top is None:
         return None
     try:
-        names = _git(top, "diff-tree", "-r", "--name-only", "--no-renames", old, new, "--", *paths).split()
+        names = git(top, "diff-tree", "-r", "--name-only", "--no-renames", old, new, "--", *paths).split()
     except UserError:
         return None
     return names
@@ -271,7 +254,7 @@ def files(project: Project, names: tuple[str, ...] | None) -> list[Path]:
     """
     root = project.root
     if git_top(root) is not None:
-        listed = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".").split("\0")
+        listed = git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".").split("\0")
         found = [root / name for name in listed if name and (root / name).is_file()]
     else:
         found = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfkit.experiment.results import HypothesisResult, RunResults
+from perfkit.experiment.verdict import UNFIT_REASON
 
 
 @dataclass(frozen=True)
@@ -53,9 +54,6 @@ def history(all_results: list[RunResults]) -> dict[str, list[Entry]]:
     return {k: out[k] for k in sorted(out)}
 
 
-UNFIT = "the machine was not fit"  # how a verdict with no fit replicates begins its reason (judging.gather)
-
-
 def attempt_of(result: HypothesisResult, profile: str | None) -> str | None:
     """Why a result is only an attempt, not a measurement that may stand: 'machine busy', 'the probe
     failed', 'profiled (torch)'; None for a fit measurement."""
@@ -63,7 +61,7 @@ def attempt_of(result: HypothesisResult, profile: str | None) -> str | None:
         return f"profiled ({profile})"
     if result.verdict == "error":
         return "the probe failed"
-    if result.verdict == "inconclusive" and result.measured is None and (result.reason or "").startswith(UNFIT):
+    if result.verdict == "inconclusive" and result.measured is None and (result.reason or "").startswith(UNFIT_REASON):
         return "machine busy"
     return None
 

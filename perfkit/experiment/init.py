@@ -12,7 +12,6 @@ nothing. Every step is printed.
 from __future__ import annotations
 
 import shlex
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ from perfkit.errors import UserError
 from perfkit.experiment import code, config, kernel, scaffold
 from perfkit.experiment.outputs import ledger
 from perfkit.files import write_atomic
-from perfkit.paths import Project
+from perfkit.paths import Project, git_try
 
 EXAMPLE = "example_sort"
 ATTRIBUTES = ("notebooks/*.ipynb filter=perfkit-notebook", "hypotheses/LEDGER.md merge=perfkit-ledger")
@@ -91,10 +90,6 @@ jobs:
 """
 
 
-def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=60)
-
-
 class Init:
     """One `perfkit init`: each step adds what is missing and says so."""
 
@@ -119,15 +114,17 @@ class Init:
         self.done.append(f"added to {relative}: {'; '.join(missing)}")
 
     def git_config(self, key: str, value: str) -> None:
-        now = _git(self.root, "config", "--get", key)
-        if now.returncode == 0 and now.stdout.strip():
-            return  # set already (perhaps to another interpreter): the user's choice stands
-        if _git(self.root, "config", key, value).returncode == 0:
+        now = git_try(self.root, "config", "--get", key)
+        if now is None or (now.returncode == 0 and now.stdout.strip()):
+            return  # set already (perhaps to another interpreter): the user's choice stands; or no git
+        done = git_try(self.root, "config", key, value)
+        if done is not None and done.returncode == 0:
             self.done.append(f"git config {key} {shlex.quote(value)}")
 
 
 def _ignores_runs(root: Path) -> bool:
-    return _git(root, "check-ignore", "-q", "runs/any-run/manifest.json").returncode == 0
+    done = git_try(root, "check-ignore", "-q", "runs/any-run/manifest.json")
+    return done is not None and done.returncode == 0
 
 
 def _records(step: Init, project: Project) -> None:

@@ -17,7 +17,7 @@ from perfkit.errors import UserError
 from perfkit.experiment import compare
 from perfkit.experiment.hypothesis import Hypothesis
 from perfkit.experiment.results import Execution, HypothesisResult, MetricSummary
-from perfkit.experiment.verdict import Inconclusive, Judgement, Point, Verdict
+from perfkit.experiment.verdict import UNFIT_REASON, Inconclusive, Judgement, Point, Verdict
 from perfkit.samples import MetricRecord
 
 
@@ -101,7 +101,7 @@ def gather(executions: list[Execution], sweep_param: str | None) -> Evidence:
         said = f"{unfit[0].unfit} during {len(unfit)} of {len(executions)} replicates"
         keys = {x.key for x in executions}
         if any(sum(1 for x in usable if x.key == k) * 2 < sum(1 for x in executions if x.key == k) for k in keys):
-            return Evidence(every, unfit=f"the machine was not fit to measure on: {said}")
+            return Evidence(every, unfit=f"{UNFIT_REASON}: {said}")
         left_out = f"left out {len(unfit)} of {len(executions)} replicates: {said}"
     try:
         points = tuple(merge_points(usable, sweep_param))

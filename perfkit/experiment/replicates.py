@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfkit import stats, units
-from perfkit.experiment.verdict import Judgement, Verdict
+from perfkit.experiment.verdict import UNFIT_REASON, Judgement, Verdict
 
 #: independent kernel processes per execution when neither the command nor the record says
 DEFAULT_REPLICATES = {"quick": 3, "full": 5}
@@ -64,7 +64,7 @@ class Policy:
             return f"decided at {ran} replicates"
         if j.verdict is Verdict.ERROR:
             return f"the probe failed; {ran} ran"
-        if j.reason and j.reason.startswith("the machine was not fit"):
+        if j.reason and j.reason.startswith(UNFIT_REASON):
             return f"the machine was busy; {ran} ran"
         if j.needed is None:
             return f"more replicates would not decide it; {ran} ran"

@@ -15,6 +15,9 @@ from typing import Any
 
 from perfkit.experiment.results import Floor, Measured
 
+#: how the reason of a verdict begins when no replicate was measured on a fit machine
+UNFIT_REASON = "the machine was not fit to measure on"
+
 
 class Verdict(StrEnum):
     CONFIRMED = "confirmed"

@@ -53,7 +53,7 @@ def free_cores(*, sharing: int = 1, seconds: float = 0.2) -> int:
     """
     import psutil
 
-    cores = psutil.cpu_count(logical=True) or 1
+    cores = logical_cores()
     busy = psutil.cpu_percent(interval=seconds) / 100.0 * cores
     return max(1, int(cores - busy + 0.5) // max(1, sharing))
 
@@ -63,8 +63,6 @@ def threads_for(jobs: int = 1, environ: dict[str, str] | None = None) -> int:
     the user's OMP_NUM_THREADS when set, else the machine's cores shared by `jobs` executions at a time."""
     import os
 
-    import psutil
-
     environ = os.environ if environ is None else environ
     for name in THREAD_VARIABLES:
         try:
@@ -72,7 +70,7 @@ def threads_for(jobs: int = 1, environ: dict[str, str] | None = None) -> int:
                 return int(environ[name])
         except ValueError:
             continue
-    return max(1, (psutil.cpu_count(logical=True) or 1) // max(1, jobs))
+    return max(1, logical_cores() // max(1, jobs))
 
 
 def thread_env(threads: int) -> dict[str, str]:
@@ -92,13 +90,14 @@ def wait_for_cores(threads: int, *, sharing: int = 1, timeout_s: float = WAIT_FO
     import time
 
     started = time.monotonic()
-    while free_cores(sharing=sharing, seconds=0.5) < min(threads, free_cores_total()):
+    while free_cores(sharing=sharing, seconds=0.5) < min(threads, logical_cores()):
         if time.monotonic() - started >= timeout_s:
             break
     return time.monotonic() - started
 
 
-def free_cores_total() -> int:
+def logical_cores() -> int:
+    """The machine's logical cores (at least 1)."""
     import psutil
 
     return psutil.cpu_count(logical=True) or 1
