@@ -108,3 +108,45 @@ def test_diff_against_a_folder_and_bad_bases_are_clear(project, tmp_path, capsys
     assert main(["--root", str(project.root), "diff", "no-such-revision"]) == 2
     assert "perfkit: git rev-parse" in capsys.readouterr().err
     assert main(["--root", str(project.root), "diff", "--fail-on", "vibes"]) == 2
+
+
+def _floored(h, verdict, ratio, floor_ms, run_id, *, t_ms=30.0):
+    """A floor-judged result: the metric measured at `t_ms` and its floor at `floor_ms` (±5%)."""
+    from perfkit.experiment.results import Floor, Measured, MetricSummary
+
+    low, high = floor_ms * 0.95, floor_ms * 1.05
+    return replace(
+        of(h, verdict, None, run_id),
+        measured=Measured(label="ratio to roof", unit="x", value=ratio, low=ratio * 0.9, high=ratio * 1.1),
+        floor=Floor(metric="roof", value=floor_ms, unit="ms", note="memory-bound", low=low, high=high, replicates=3),
+        metrics=(
+            MetricSummary(name="t", unit="ms", at=None, n=90, mean=t_ms, low=t_ms * 0.92, high=t_ms * 1.08, std=1.0),
+            MetricSummary(name="roof", unit="ms", at=None, n=15, mean=floor_ms, low=low, high=high, std=0.1),
+        ),
+    )
+
+
+def test_a_verdict_that_changed_because_its_floor_moved_is_said_so_and_is_not_a_flip(project):
+    """The issue's case: the same code, 30 ms both times, a floor of 27 ms then 9.6 ms: confirmed →
+    refuted is `expectation-moved`, named with the floor's move, and fails only the gate that asks."""
+    h = next(h for h in load_hypotheses(project) if h.id == "fx-floor")
+    base = [records.run_results("1", _floored(h, "confirmed", 1.1, 27.0, "1"))]
+    current = base + [records.run_results("2", _floored(h, "refuted", 3.1, 9.6, "2", t_ms=30.5))]
+    (change,) = diff.compare(base, current)
+    assert change.kind == "expectation-moved" and change.verdict_words == "confirmed → refuted"
+    assert change.expectation == "floor roof 27 ms [25.6, 28.4] → 9.6 ms [9.12, 10.1]"
+    assert diff.failing([change], diff.DEFAULT_FAIL_ON) == []
+    assert diff.failing([change], ("expectation-moved",)) == [change]
+    # the measurement moved as well (30 → 60 ms, beyond both intervals): a flip, with the floor's move said
+    moved = base + [records.run_results("2", _floored(h, "refuted", 6.2, 9.6, "2", t_ms=60.0))]
+    (flip,) = diff.compare(base, moved)
+    assert flip.kind == "flip" and flip.expectation and diff.failing([flip], diff.DEFAULT_FAIL_ON) == [flip]
+    # and everywhere a reviewer reads it: the diff's text and markdown, the ledger's History
+    from perfkit.experiment.outputs import diff as shown
+    from perfkit.experiment.outputs import ledger
+
+    assert "the expectation moved: floor roof 27 ms" in shown.text([change], "base")
+    assert "| expectation-moved | `fx-floor` |" in shown.markdown([change], "base")
+    history = ledger.render(current)
+    assert "**flip** (was confirmed); the expectation moved: floor roof 27 ms [25.6, 28.4] → 9.6 ms" in history
+    assert "`fx-floor`: roof = 9.6 ms [9.12, 10.1] over 3 replicates: memory-bound" in history

@@ -178,3 +178,58 @@ def test_a_forecast_picks_the_edge_the_estimate_must_clear():
     j = judge(hypothesis(claim), replicates(rng, {"t": 12.6}, 3, offset_sd=0.05))
     if j.verdict is Verdict.INCONCLUSIVE:
         assert "straddles 12" in j.reason  # the upper edge, not the lower one
+
+
+def _floored(rng, ratio: float, r: int, *, machine_sd: float, floor_samples: int = 5) -> list[Execution]:
+    """`r` processes on a machine whose state moves between processes (`machine_sd`: its rate's spread):
+    the floor and the measurement both scale with it; the measurement is `ratio` x the floor."""
+    out = []
+    for i in range(r):
+        state = math.exp(rng.normal(0, machine_sd))  # this process's share of the machine: both move with it
+        floor = 10.0 * state * np.exp(rng.normal(0, 0.03, floor_samples))  # kernel repetitions of the floor
+        t = process(rng, ratio * 10.0 * state, offset_sd=0.04)
+        out.append(
+            execution(
+                MetricRecord(name="t", unit="ms", samples=tuple(t)),
+                MetricRecord(name="roof", unit="ms", samples=tuple(float(f) for f in floor)),
+                replicate=i,
+            )
+        )
+    return out
+
+
+def test_a_floor_measured_in_every_replicate_gives_about_95_percent_coverage_of_the_ratio():
+    """Truth: the measurement is 1.5x its floor in every process; the machine's rate moves ±20% between
+    processes and both move with it. The ratio's interval covers 1.5 about 95% of the time and is
+    narrower than the measurement's own (the machine's state cancels); a floor measured once in
+    another process and cached, as before, covers it far less often although its interval is wider."""
+    claim = expectation(kind="cost", metric="t", unit="ms", floor="roof", factor=1.05)  # the edges matter not here
+    rng = np.random.default_rng(11)
+    covered = cached_covered = 0
+    widths, cached_widths = [], []
+    trials = 400
+    for _ in range(trials):
+        j = judge(hypothesis(claim), _floored(rng, 1.5, 4, machine_sd=0.2))
+        m = j.measured
+        assert m.unit == "x" and j.floor.low < j.floor.value < j.floor.high and j.floor.replicates == 4
+        covered += m.low <= 1.5 <= m.high
+        widths.append(m.high / m.low)
+        once = float(np.mean(_floored(rng, 1.5, 1, machine_sd=0.2)[0].records[1].samples))
+        cached = [
+            execution(x.records[0], MetricRecord(name="roof", unit="ms", samples=(once,)), replicate=x.replicate)
+            for x in _floored(rng, 1.5, 4, machine_sd=0.2)
+        ]
+        c = judge(hypothesis(claim), cached).measured
+        cached_covered += c.low <= 1.5 <= c.high
+        cached_widths.append(c.high / c.low)
+    assert 0.91 <= covered / trials <= 0.99, covered / trials
+    assert cached_covered / trials < 0.85, cached_covered / trials
+    assert np.median(widths) < np.median(cached_widths), (np.median(widths), np.median(cached_widths))
+
+
+def test_a_noisy_floor_never_confirms_or_refutes_against_the_truth():
+    at_most = expectation(kind="at_most", metric="t", unit="ms", floor="roof", factor=2.0)
+    holds = tally(at_most, lambda rng: _floored(rng, 1.7, 4, machine_sd=0.25))  # 15% inside 2x
+    fails = tally(at_most, lambda rng: _floored(rng, 2.3, 4, machine_sd=0.25))  # 15% outside
+    assert holds[Verdict.REFUTED] <= 0.01 and fails[Verdict.CONFIRMED] <= 0.01, (holds, fails)
+    assert holds[Verdict.CONFIRMED] > 0.5 and fails[Verdict.REFUTED] > 0.5, (holds, fails)

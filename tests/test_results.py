@@ -30,7 +30,7 @@ def sample_results(run_id="20250101-000000") -> RunResults:
                 reason=None,
                 measured=Measured(label="mean", unit="ms", value=0.18, low=0.16, high=0.21),
                 off_by="1,100x below the expected 200 ms",
-                floor=Floor(metric="f", value=1.0, unit="ms", note="n"),
+                floor=Floor(metric="f", value=1.0, unit="ms", note="n", low=0.9, high=1.1, replicates=3),
                 plot="plots/h.png",
                 warnings=("w",),
                 metrics=(

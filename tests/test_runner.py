@@ -123,7 +123,7 @@ def test_ledger_check_passes_after_the_run(first, capsys):
 def test_second_run_reuses_every_execution_and_force_reexecutes(first):
     project, report, _ = first
     started = time.monotonic()
-    again, lines = rerun(project, ids=OK)
+    again, lines = rerun(project, ids=OK, jobs=2)  # as the first run: the same thread count, the same key
     reused_wall = time.monotonic() - started
     assert again.executed == 0 and again.reused == 2  # n=1000 and n=4000
     assert sum(1 for line in lines if line.startswith("[reused]") and f"from run {report.run_id}" in line) == 2

@@ -132,3 +132,29 @@ def test_speedup_for_times_and_rates():
     rates = expectation(kind="speedup", baseline="ar", candidate="spec", at_least=1.5)
     j = judge(hyp(rates), [run(metric("ar", 10.0, unit="tok/s"), metric("spec", 25.0, unit="tok/s"))])
     assert j.verdict is Verdict.CONFIRMED and j.measured.value == pytest.approx(2.5, rel=0.05)
+
+
+def test_a_floor_measured_in_each_replicate_is_judged_as_the_ratio_with_its_own_interval():
+    """Replicates of 2.5 ms and 2.6 ms against floors of 1.0 and 1.3 ms measured in those processes:
+    the verdict judges 2.5/1.0 and 2.6/1.3 (2.5x and 2x), not 2.55 ms against a 1.15 ms number."""
+    floored = expectation(kind="at_most", metric="t", unit="ms", floor="roof", factor=3.0)
+    reps = [
+        run(metric("t", t, seed=i), MetricRecord(name="roof", unit="ms", samples=(f * 0.99, f, f * 1.01)), replicate=i)
+        for i, (t, f) in enumerate([(2.5, 1.0), (2.6, 1.3), (2.4, 1.1)])
+    ]
+    j = judge(hyp(floored), reps)
+    expected_ratio = math.exp(np.mean(np.log([2.5 / 1.0, 2.6 / 1.3, 2.4 / 1.1])))
+    assert j.measured.unit == "x" and j.measured.label == "ratio to roof" and j.measured.replicates == 3
+    assert j.measured.value == pytest.approx(expected_ratio, rel=0.02)
+    assert j.floor.value == pytest.approx(1.133, rel=0.01) and j.floor.replicates == 3
+    assert j.floor.low < 1.0 and j.floor.high > 1.3  # the floor's own spread, over the three processes
+    assert j.expected.startswith("≤ 3 × 1.13 ms [") and "(roof)" in j.expected
+    assert j.verdict is Verdict.CONFIRMED and j.measured.high < 3.0  # three ratios of 2x..2.5x, all under 3x
+    assert j.off_by.endswith("below the bound 3 × roof")
+
+
+def test_a_floor_recorded_in_some_replicates_only_is_not_judged():
+    floored = expectation(kind="at_most", metric="t", unit="ms", floor="roof", factor=3.0)
+    roof = MetricRecord(name="roof", unit="ms", samples=(1.0, 1.1))
+    j = judge(hyp(floored), [run(metric("t", 2.0), roof, replicate=0), run(metric("t", 2.0, seed=1), replicate=1)])
+    assert j.verdict is Verdict.INCONCLUSIVE and "different numbers of replicates" in j.reason

@@ -3,10 +3,11 @@
 Compares the standing verdict of every hypothesis (the latest unprofiled measurement, as the
 ledger's table shows it) in the working tree's results with those at a git revision (default:
 the merge base with the main branch) or in another results folder. Changes come first, in this
-order: verdict flips, measurements that could not be reproduced, hypotheses added, removed or
-edited, then measurements that moved beyond both intervals (with the factor); the unchanged come
-last, collapsed. A measurement "moved" only when the two 95% intervals are disjoint: a move inside
-the noise is not news.
+order: verdict flips, verdicts that changed because their expectation moved (a floor measured on
+the machine moved beyond both its intervals while the measurement itself did not), measurements
+that could not be reproduced, hypotheses added, removed or edited, then measurements that moved
+beyond both intervals (with the factor); the unchanged come last, collapsed. A measurement "moved"
+only when the two 95% intervals are disjoint: a move inside the noise is not news.
 
 The exit status is a CI gate: 1 when a change of a kind named in `fail_on` is present. The changes are
 written out by perfkit/experiment/outputs/diff.py (text, markdown) and outputs/junit.py.
@@ -22,14 +23,37 @@ from typing import Any
 from perfkit import units
 from perfkit.errors import UserError
 from perfkit.experiment.history import Entry, attempt, history, standing
-from perfkit.experiment.results import HypothesisResult, RunResults, load_all_results
+from perfkit.experiment.results import HypothesisResult, Measured, RunResults, load_all_results
 from perfkit.files import read_json
 from perfkit.paths import Project, git
 
 #: Kinds of change, in the order a reviewer reads them.
-KINDS = ("flip", "not-reproduced", "added", "removed", "edited", "moved", "not-measured", "unchanged")
-#: What `--fail-on` can name: a kind of change, or `refuted` / `error` for a flip to that verdict.
-FAIL_ON = ("flip", "refuted", "error", "not-reproduced", "added", "removed", "edited", "moved", "not-measured")
+KINDS = (
+    "flip",
+    "expectation-moved",
+    "not-reproduced",
+    "added",
+    "removed",
+    "edited",
+    "moved",
+    "not-measured",
+    "unchanged",
+)
+#: What `--fail-on` can name: a kind of change, or `refuted` / `error` for a flip to that verdict. A
+#: verdict that changed only because its expectation moved is `expectation-moved`, not a flip: the
+#: code measured did not change what was measured, the machine changed the floor it is judged against.
+FAIL_ON = (
+    "flip",
+    "refuted",
+    "error",
+    "expectation-moved",
+    "not-reproduced",
+    "added",
+    "removed",
+    "edited",
+    "moved",
+    "not-measured",
+)
 DEFAULT_FAIL_ON = ("refuted", "error", "not-reproduced")
 MAIN_BRANCHES = ("main", "master")
 
@@ -45,6 +69,7 @@ class Change:
     factor: float | None = None  # current / base value when the intervals are disjoint (positive quantities)
     shift: float | None = None  # current - base when disjoint and a ratio means nothing (exponents, signs)
     attempt: str | None = None  # a later run that did not measure it: "not measured: machine busy (run X)"
+    expectation: str | None = None  # how the floor it is judged against moved: "floor f 27 ms → 9.6 ms [9.1, 10]"
 
     @property
     def verdict_words(self) -> str:
@@ -68,6 +93,7 @@ class Change:
             "factor": self.factor,
             "shift": self.shift,
             "attempt": self.attempt,
+            "expectation": self.expectation,
         }
 
 
@@ -134,19 +160,50 @@ def move(base: HypothesisResult, current: HypothesisResult) -> tuple[float | Non
     for exponents and values that can be zero or negative, where a ratio means nothing.
     """
     a, b = base.measured, current.measured
-    if a is None or b is None:
+    if a is None or b is None or not comparable(a, b):
         return None, None
-    scale = 1.0
-    if a.unit != b.unit:
-        if not (a.unit and b.unit and units.dimension(a.unit) == units.dimension(b.unit)):
-            return None, None
-        scale = units.factor(b.unit, a.unit)
+    scale = units.factor(b.unit, a.unit) if a.unit != b.unit else 1.0
     low, high, value = b.low * scale, b.high * scale, b.value * scale
     if low <= a.high and high >= a.low:
         return None, None  # the intervals overlap: no move beyond the noise
     if a.label == "exponent" or a.value <= 0 or value <= 0:
         return None, value - a.value
     return value / a.value, None
+
+
+def comparable(a: Measured, b: Measured) -> bool:
+    """Whether two measured quantities are the same quantity (a ratio to a floor is not its milliseconds)."""
+    if a.label != b.label:
+        return False
+    return a.unit == b.unit or bool(a.unit and b.unit and units.dimension(a.unit) == units.dimension(b.unit))
+
+
+def floor_move(base: HypothesisResult, current: HypothesisResult) -> str | None:
+    """How the floor the verdict is judged against moved, when the two floors disagree beyond their intervals.
+
+    'floor verify_floor 27 ms → 9.6 ms [9.1, 10.1] (compute-bound at 0.127 → ...)': the notes follow
+    when they differ (they say which bound and, for older records, the rate behind it).
+    """
+    a, b = base.floor, current.floor
+    if a is None or b is None or a.metric != b.metric:
+        return None
+    if units.dimension(a.unit) != units.dimension(b.unit) or a.overlaps(b):
+        return None
+    notes = f" ({a.note} → {b.note})" if a.note and b.note and a.note != b.note else ""
+    return f"floor {a.metric} {a.text()} → {b.text()}{notes}"
+
+
+def measurement_moved(base: HypothesisResult, current: HypothesisResult) -> bool:
+    """Whether any metric the verdict read (its floor aside) moved beyond both intervals of its summary."""
+    floor = base.floor.metric if base.floor else None
+    before = {(m.name, repr(m.at)): m for m in base.metrics if m.name != floor}
+    for m in current.metrics:
+        old = before.get((m.name, repr(m.at)))
+        if old is None or None in (old.low, old.high, m.low, m.high) or old.unit != m.unit:
+            continue
+        if m.low > old.high or m.high < old.low:
+            return True
+    return False
 
 
 def move_words(factor: float | None, shift: float | None) -> str:
@@ -191,6 +248,8 @@ def compare(base: list[RunResults], current: list[RunResults]) -> list[Change]:
             kind = "removed"
         elif br.verdict != ar.verdict:
             kind = "flip"
+            if br.hash == ar.hash and floor_move(br, ar) and not measurement_moved(br, ar):
+                kind = "expectation-moved"
         elif ar.not_reproduced and a.run_id != b.run_id:
             kind = "not-reproduced"
         elif br.hash != ar.hash:
@@ -205,7 +264,8 @@ def compare(base: list[RunResults], current: list[RunResults]) -> list[Change]:
         if br is not None and ar is not None and kind not in ("unchanged", "not-measured"):
             shifted = move(br, ar)
         runs = (b.run_id if b else None, a.run_id if a else None)
-        changes.append(Change(hid, kind, br, ar, *runs, *shifted, attempt=tried))
+        floor = floor_move(br, ar) if br is not None and ar is not None else None
+        changes.append(Change(hid, kind, br, ar, *runs, *shifted, attempt=tried, expectation=floor))
     return sorted(changes, key=lambda c: (KINDS.index(c.kind), c.id))
 
 

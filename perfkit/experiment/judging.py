@@ -211,9 +211,12 @@ def changed(
         what = f"the hypothesis was edited; {what}"
     if not (previous.measured and result.measured):
         return what
-    factor, shift = compare.move(previous, result)
-    moved = compare.move_words(factor, shift)
     then = previous.measured.text()
+    floor = compare.floor_move(previous, result)
+    what += f"; the expectation moved: {floor}" if floor else ""
+    if not compare.comparable(previous.measured, result.measured):
+        return f"{what}; now measured as another quantity (was {then})"
+    moved = compare.move_words(*compare.move(previous, result))
     return f"{what}: {moved} than {then}" if moved else f"{what}: within the noise of {then}"
 
 

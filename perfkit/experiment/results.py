@@ -26,6 +26,8 @@ Format history (`format_version`), the same numbers for both files:
   6: a result says what `changed` since the standing measurement when its executions' keys differ
      (the code under test, packages, environment, machine, probe) and how far the measurement moved;
      an execution says the CPU `threads` it ran with (null: not decided by the run, before format 6).
+  7: a result's `floor` has its interval (`low`, `high`) over the `replicates` it was measured in,
+     when the probe measured it in each of them (null: an exact figure, or measured once before format 7).
 Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file is refused.
 """
 
@@ -42,7 +44,7 @@ from perfkit.files import Reader, encode_number, read_json, upgrade, write_json
 from perfkit.paths import Project
 from perfkit.samples import MetricRecord
 
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 VERDICTS = ("confirmed", "refuted", "inconclusive", "error")
 PLANNED = "planned"
 STATUSES = (PLANNED, "ok", "error", "timeout", "crashed")
@@ -181,6 +183,23 @@ class Floor:
     value: float
     unit: str
     note: str | None = None
+    low: float | None = None  # its interval when it was measured in each replicate (format 7 on)
+    high: float | None = None
+    replicates: int | None = None
+
+    def text(self) -> str:
+        """'27 ms [26, 28]' when measured with an interval; '27 ms' for an exact figure or an older record."""
+        value = units.format_quantity(self.value, self.unit)
+        if self.low is None or self.high is None or self.low == self.high:
+            return value
+        return f"{value} [{units.format_number(self.low)}, {units.format_number(self.high)}]"
+
+    def overlaps(self, other: Floor) -> bool:
+        """Whether the two floors agree within their intervals (a floor without one is its own interval)."""
+        scale = units.factor(other.unit, self.unit)
+        low, high = (other.low, other.high) if other.low is not None and other.high is not None else (other.value,) * 2
+        mine = (self.low, self.high) if self.low is not None and self.high is not None else (self.value,) * 2
+        return low * scale <= mine[1] * (1 + 1e-9) and high * scale >= mine[0] * (1 - 1e-9)
 
 
 @dataclass(frozen=True)
@@ -211,6 +230,9 @@ class HypothesisResult:
         for m in data["metrics"]:
             for key in ("mean", "low", "high", "std", "between"):
                 m[key] = _number_json(m[key])
+        if data["floor"]:
+            for key in ("low", "high"):
+                data["floor"][key] = _number_json(data["floor"][key])
         data["executions"] = [x.to_json(with_records=False) for x in self.executions]
         return data
 
@@ -252,6 +274,9 @@ class HypothesisResult:
                 value=f.number("value"),
                 unit=f.unit("unit"),
                 note=f.get("note", str, optional=True),
+                low=f.number("low", optional=True),
+                high=f.number("high", optional=True),
+                replicates=f.get("replicates", int, optional=True),
             ),
             plot=plot,
             warnings=tuple(r.get("warnings", list)),
@@ -382,7 +407,23 @@ def _5_to_6(old: dict) -> dict:
     return old
 
 
-UPGRADES: dict[int, Callable[[dict], dict]] = {1: _1_to_2, 2: _2_to_3, 3: _3_to_4, 4: _4_to_5, 5: _5_to_6}
+def _6_to_7(old: dict) -> dict:
+    """Earlier floors were one number without an interval (null)."""
+    for h in old.get("hypotheses", []):
+        if isinstance(h, dict) and isinstance(h.get("floor"), dict):
+            for key in ("low", "high", "replicates"):
+                h["floor"].setdefault(key, None)
+    return old
+
+
+UPGRADES: dict[int, Callable[[dict], dict]] = {
+    1: _1_to_2,
+    2: _2_to_3,
+    3: _3_to_4,
+    4: _4_to_5,
+    5: _5_to_6,
+    6: _6_to_7,
+}
 
 
 # ---------------------------------------------------------------- files

@@ -34,7 +34,17 @@ from perfkit.machine.utilization import busy_cpu_seconds
 from perfkit.probe.timing import bench
 from perfkit.stats import mean_interval
 
-__all__ = ["Rate", "Measurement", "measure", "measured", "fingerprint", "cache_path", "describe", "FORMAT_VERSION"]
+__all__ = [
+    "Rate",
+    "Measurement",
+    "measure",
+    "rates_on",
+    "measured",
+    "fingerprint",
+    "cache_path",
+    "describe",
+    "FORMAT_VERSION",
+]
 
 FORMAT_VERSION = 2
 _MIB = 2**20
@@ -204,6 +214,24 @@ class _OtherWork:
         return round(min(1.0, max(0.0, others / elapsed)), 3) if elapsed > 0 else 0.0
 
 
+def rates_on(device: str, *, array_bytes: int | None = None, warmup: int = 2, repeat: int = 10) -> list[Rate]:
+    """Copy, triad and matmul on one device ("cpu" or "cuda:N"), now, in this process and its threads."""
+    import torch
+
+    if device == "cpu":
+        size = array_bytes or _cpu_array_bytes()
+        rates = _stream(torch, "cpu", array_bytes=size, warmup=warmup, repeat=repeat)
+        return [*rates, _matmul(torch, "cpu", side=1024, warmup=1, repeat=max(3, repeat // 2))]
+    index = torch.device(device).index or 0
+    l2 = getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0) or 0
+    size = array_bytes or max(512 * _MIB, 8 * l2)
+    with torch.cuda.device(index):
+        rates = _stream(torch, device, array_bytes=size, warmup=warmup, repeat=repeat * 5)
+        rates.append(_matmul(torch, device, side=8192, warmup=3, repeat=repeat * 2))
+    torch.cuda.empty_cache()
+    return rates
+
+
 def measure(
     *, cpu: bool = True, cuda: bool = True, array_bytes: int | None = None, warmup: int = 2, repeat: int = 10
 ) -> Measurement:
@@ -212,20 +240,10 @@ def measure(
 
     t0 = time.perf_counter()
     others = _OtherWork()
-    rates: list[Rate] = []
-    if cpu:
-        size = array_bytes or _cpu_array_bytes()
-        rates += _stream(torch, "cpu", array_bytes=size, warmup=warmup, repeat=repeat)
-        rates.append(_matmul(torch, "cpu", side=1024, warmup=1, repeat=max(3, repeat // 2)))
-    if cuda and torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
-            dev = f"cuda:{i}"
-            l2 = getattr(torch.cuda.get_device_properties(i), "L2_cache_size", 0) or 0
-            size = array_bytes or max(512 * _MIB, 8 * l2)
-            with torch.cuda.device(i):
-                rates += _stream(torch, dev, array_bytes=size, warmup=warmup, repeat=repeat * 5)
-                rates.append(_matmul(torch, dev, side=8192, warmup=3, repeat=repeat * 2))
-            torch.cuda.empty_cache()
+    devices = (["cpu"] if cpu else []) + (
+        [f"cuda:{i}" for i in range(torch.cuda.device_count())] if cuda and torch.cuda.is_available() else []
+    )
+    rates = [r for d in devices for r in rates_on(d, array_bytes=array_bytes, warmup=warmup, repeat=repeat)]
     if not rates:
         raise UserError("nothing to measure: both cpu and cuda are off (or no CUDA device)")
     inputs = fingerprint_inputs()

@@ -87,6 +87,21 @@ class Hardware:
             source="measured",
         )
 
+    @classmethod
+    def sampled(cls, *, device: str = "cpu", repeat: int = 10) -> list[Hardware]:
+        """This machine as this process sees it now, once per repetition: triad bandwidth and matmul FLOP/s
+        measured here, with this process's threads and the machine's present state (never cached).
+
+        A floor computed from each is a sample of the floor: a probe that records them in every replicate
+        lets the verdict carry the floor's own noise (perfkit/experiment/kinds/value.py).
+        """
+        from perfkit.machine import bandwidth
+
+        rates = {r.kernel: r for r in bandwidth.rates_on(device, repeat=repeat)}
+        name = f"measured {device} in-process"
+        pairs = zip(rates["triad"].samples, rates["matmul"].samples)  # as many as the fewer of the two
+        return [cls(name=name, dram_bytes_per_s=b, peak_flops=f, source="measured") for b, f in pairs]
+
 
 # Datasheet figures: DRAM bandwidth and dense (no sparsity) bf16 tensor-core FLOP/s.
 PRESETS: dict[str, Hardware] = {

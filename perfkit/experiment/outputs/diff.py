@@ -18,9 +18,10 @@ def text(changes: list[Change], base_name: str) -> str:
             continue
         moved = f" ({_move_text(c)})" if _move_text(c) else ""
         was, now = measured_or_why(c.base), measured_or_why(c.current)
-        lines.append(f"  {c.kind:<15} {c.id:<34} {c.verdict_words:<26} {was} -> {now}{moved}")
-        if c.attempt:
-            lines.append(f"  {'':<15} {'':<34} {c.attempt}")
+        lines.append(f"  {c.kind:<17} {c.id:<34} {c.verdict_words:<26} {was} -> {now}{moved}")
+        for said in (f"the expectation moved: {c.expectation}" if c.expectation else None, c.attempt):
+            if said:
+                lines.append(f"  {'':<17} {'':<34} {said}")
     return "\n".join(lines) + "\n"
 
 
@@ -41,6 +42,8 @@ def markdown(changes: list[Change], base_name: str, *, plots_url: str = "hypothe
             plot = c.current.plot if c.current and c.current.plot else None
             thumb = f'<img src="{plots_url}{plot}" width="120">' if plot else ""
             after = measured_or_why(c.current) + (f"; {c.attempt}" if c.attempt else "")
+            if c.expectation:
+                after += f"; the expectation moved: {c.expectation}"
             lines.append(
                 f"| {c.kind} | `{c.id}` | {c.verdict_words} | {cell(measured_or_why(c.base))} "
                 f"| {cell(after)} | {_move_text(c)} | {thumb} |"

@@ -154,6 +154,8 @@ def _diff_message(change: Change) -> str:
         text += f"; factor {units.format_factor(change.factor)}"
     if change.shift is not None:
         text += f"; shift {'+' if change.shift >= 0 else '-'}{units.format_number(abs(change.shift))}"
+    if change.expectation:
+        text += f"; the expectation moved: {change.expectation}"
     if change.current is not None and change.current.reason:
         text += f"; reason: {change.current.reason}"
     return " ".join(text.split())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from perfkit import units
+from perfkit.experiment.compare import floor_move
 from perfkit.experiment.history import Entry, attempt, before, history, standing
 from perfkit.experiment.hypothesis import load_hypotheses
 from perfkit.experiment.outputs.words import (
@@ -44,6 +44,9 @@ def _history_row(entry: Entry, previous: Entry | None) -> str:
     flip = None if why else flip_note(previous.result.verdict if previous else None, entry.result.verdict, mark="**")
     if flip:
         notes.append(flip)
+    floor = floor_move(previous.result, entry.result) if previous is not None and not why else None
+    if floor:
+        notes.append(f"the expectation moved: {floor}")
     if previous is not None and entry.result.hash != previous.result.hash:
         notes.append("hypothesis edited")
     if entry.run and entry.run.profile:
@@ -96,7 +99,8 @@ def render(all_results: list[RunResults]) -> str:
         lines += ["", "Floors used as expected costs:", ""]
         for hid, floor in floors:
             note = f": {floor.note}" if floor.note else ""
-            lines.append(f"- `{hid}`: {floor.metric} = {units.format_quantity(floor.value, floor.unit)}{note}")
+            over = f" over {floor.replicates} replicates" if floor.replicates else ""
+            lines.append(f"- `{hid}`: {floor.metric} = {floor.text()}{over}{note}")
     lines += [
         "",
         "## History",

@@ -45,7 +45,8 @@ def describe(project: Project, hid: str) -> str:
     ]
     if r.floor:
         lines.append(
-            f"floor:    {r.floor.metric} = {units.format_quantity(r.floor.value, r.floor.unit)}"
+            f"floor:    {r.floor.metric} = {r.floor.text()}"
+            + (f" over {r.floor.replicates} replicates" if r.floor.replicates else "")
             + (f" ({r.floor.note})" if r.floor.note else "")
         )
     lines += [f"warning:  {w}" for w in r.warnings]
