@@ -161,15 +161,53 @@ def test_other_keys_are_never_not_reproduced_but_say_what_changed_and_how_far_it
 def test_a_run_that_may_look_again_spends_its_error_rate_across_the_looks():
     quick = policy.policy(quick=True, replicates=None, max_replicates=None)
     full = policy.policy(quick=False, replicates=None, max_replicates=None)
-    assert quick.confidence() == 0.95 and quick.most == 3 and quick.looks == 1
-    assert full.most == 15 and full.looks == 3 and full.confidence() == pytest.approx(1 - 0.05 / 3)  # wider
+    none = policy.policy(quick=True, replicates=None, max_replicates=None, budget_s=0)
+    assert none.confidence() == 0.95 and none.looks == 1  # --budget 0: one look, all of the 5%
+    assert quick.most == 9 and quick.looks == 3 and quick.budget_s == policy.QUICK_BUDGET_S
+    assert full.most == 15 and full.looks == 3 and full.budget_s is None
+    levels = [full.confidence(look) for look in range(full.looks)]
+    assert levels == pytest.approx([0.96, 0.995, 0.995])  # 4% + 0.5% + 0.5%: never more than 5% in all
+    assert sum(1 - c for c in levels) == pytest.approx(0.05)
     assert policy.policy(quick=True, replicates=4, max_replicates=2).most == 4  # never fewer than planned
     bound = expectation(kind="at_most", metric="t", unit="ms", value=10.0)
     reps = replicates(np.random.default_rng(4), {"t": 9.0}, 5)
-    wide = judge(hypothesis(bound), reps, confidence=full.confidence())
+    wide = judge(hypothesis(bound), reps, confidence=full.confidence(1))
     narrow = judge(hypothesis(bound), reps)
     assert wide.measured.high - wide.measured.low > narrow.measured.high - narrow.measured.low
-    assert "the run looked more than once" in wide.measured.evidence() and wide.measured.level() == "98.3%"
+    assert "the run could look again" in wide.measured.evidence() and wide.measured.level() == "99.5%"
+
+
+def test_looking_again_never_makes_a_true_bound_refuted_more_often_than_5_percent():
+    """Optional stopping, simulated: look at 3 replicates, add 3 while undecided, twice, each look at the
+    policy's level. Against a bound that holds exactly (the hardest case), refuted stays under 5%."""
+    p = policy.Policy(first=3, most=9)
+    bound = expectation(kind="at_least", metric="t", unit="ms", value=10.0)
+    rng = np.random.default_rng(21)
+    wrong = 0
+    trials = 300
+    for _ in range(trials):
+        reps = replicates(rng, {"t": 10.0}, 9, offset_sd=0.05)
+        for look, count in enumerate((3, 6, 9)):
+            j = judge(hypothesis(bound), reps[:count], confidence=p.confidence(look))
+            if j.verdict is not Verdict.INCONCLUSIVE:
+                break
+        wrong += j.verdict is Verdict.REFUTED
+    assert wrong / trials <= 0.05, wrong / trials
+
+
+def test_a_time_budget_adds_the_cheapest_replicates_that_fit_and_names_the_rest():
+    p = policy.Policy(first=3, most=9, budget_s=100)
+    needs = {"cheap": ("a",), "dear": ("b",), "shares": ("a", "c")}
+    have = {"a": 3, "b": 3, "c": 3}
+    grown = {"a": 6, "b": 6, "c": 4}
+    counts, left_out = p.afford(grown, have, needs, {"a": 5.0, "b": 30.0, "c": 10.0}, left_s=60.0)
+    # cheap: 3 x 5 s = 15 s; then shares: c's 1 x 10 s (a is paid for) = 10 s; dear: 90 s does not fit
+    assert counts == {"a": 6, "b": 3, "c": 4} and left_out == {"dear": 90.0}
+    undecided = Judgement(verdict=Verdict.INCONCLUSIVE, reason="the interval straddles 1", expected="", needed=6)
+    assert p.stopped(undecided, [3], out_of_time=90.0) == (
+        "the time budget ran out (--budget 100 s; its next replicates needed about 90 s); 3 ran"
+    )
+    assert p.afford(grown, have, needs, {"a": 5.0, "b": 30.0, "c": 10.0}, left_s=-5.0)[0] == have
 
 
 def test_a_forecast_picks_the_edge_the_estimate_must_clear():

@@ -612,3 +612,23 @@ def test_profile_nsys_runs_each_kernel_under_nsys_and_says_when_it_is_missing(fi
     report, _ = rerun(project, ids=["fx-share"], profile="nsys")
     assert verdicts(report)["fx-share"][0] == "confirmed" and report.executed == 1
     assert list((project.runs_dir / report.run_id).glob("executions/*/r0/nsys.nsys-rep"))
+
+
+def test_a_time_budget_lets_a_run_add_replicates_only_while_it_lasts(tmp_path):
+    """n=1950 puts the work 2.5% under the cost's upper edge (2 ms): 2 replicates straddle it. With
+    time to spare the run adds replicates; with none it says the budget ended it."""
+    root = tmp_path / "p"
+    shutil.copytree(FIXTURES / "hypotheses", root / "hypotheses")
+    shutil.copytree(FIXTURES / "notebooks", root / "notebooks")
+    project = Project(root)
+    edge = {"ids": ["fx-cost-confirmed"], "overrides": {"n": 1950}, "replicates": 2, "force": True}
+    tight, lines = rerun(project, budget_s=0.001, **edge)
+    (h,) = tight.results.hypotheses
+    assert h.verdict == "inconclusive" and len(h.executions) == 2
+    assert h.stopped.startswith("the time budget ran out (--budget 0.001 s; its next replicates needed about ")
+    assert any("the time budget (0.001 s, 0 s left) leaves out fx-cost-confirmed" in line for line in lines)
+    assert h.measured.confidence == pytest.approx(0.96)  # the first look's share: the run could look again
+    roomy, lines = rerun(project, budget_s=600, **edge)
+    (h,) = roomy.results.hypotheses
+    assert any(line.startswith("undecided: adding replicates (fixture_probe.ipynb") for line in lines)
+    assert len(h.executions) > 2 and "time budget" not in (h.stopped or "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,3 +57,5 @@ class RunContext:
     done: dict[str, Execution] = field(default_factory=dict)  # execution id -> as it ended (or was reused)
     why: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (why it ran again, the run compared with)
     said: set[str] = field(default_factory=set)  # keys whose reason was printed
+    started: float = field(default_factory=time.monotonic)  # when the run began, for --budget
+    out_of_time: dict[str, float] = field(default_factory=dict)  # hypothesis id -> seconds its growth needed

@@ -86,10 +86,18 @@ class RunOptions:
     max_replicates: int | None = _flag(
         None,
         "--max-replicates",
-        "add replicates, up to R, to verdicts more replicates would likely decide (default: none with --quick, "
-        "else 3x --replicates); intervals are then corrected for the extra looks",
+        "add replicates, up to R, to verdicts more replicates would likely decide (default 3x --replicates; "
+        "with --quick only within --budget); each look's interval is corrected for the looks the run may take",
         type=int,
         metavar="R",
+    )
+    budget_s: float | None = _flag(
+        None,
+        "--budget",
+        "wall-clock seconds the whole run may take when it adds replicates to undecided verdicts: it adds only "
+        "those its forecast says fit (default 330 with --quick, none otherwise; 0: add none)",
+        type=float,
+        metavar="SECONDS",
     )
     threads: int | None = _flag(
         None,
@@ -112,6 +120,8 @@ class RunOptions:
             raise UserError(f"--jobs must be at least 1, got {self.jobs}")
         if self.threads is not None and not 1 <= self.threads <= 1024:
             raise UserError(f"--threads must be from 1 to 1024, got {self.threads}")
+        if self.budget_s is not None and self.budget_s < 0:
+            raise UserError(f"--budget must be 0 or more seconds, got {self.budget_s:g}")
         if self.timeout_s <= 0:
             raise UserError(f"--timeout must be positive, got {self.timeout_s}")
         if self.cluster and self.profile:

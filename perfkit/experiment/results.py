@@ -143,7 +143,7 @@ class Measured:
         )
 
     def level(self) -> str:
-        """The interval's confidence in words: '95%', or '98.3%' when the run looked more than once."""
+        """The interval's confidence in words: '95%', or '96%' when the run could look more than once."""
         return f"{(self.confidence if self.confidence is not None else 0.95) * 100:.3g}%"
 
     def evidence(self) -> str | None:
@@ -153,7 +153,7 @@ class Measured:
         per = f" x {self.samples // self.replicates} samples" if self.samples else ""
         level = ""
         if self.confidence is not None and abs(self.confidence - 0.95) > 1e-9:
-            level = f"; a {self.level()} interval (the run looked more than once)"
+            level = f"; a {self.level()} interval (its look's share of the 5%: the run could look again)"
         if self.replicates == 1:
             return f"1 process{per}{level}"
         between = f", {self.between:.0%} of the variance between them" if self.between is not None else ""

@@ -76,7 +76,10 @@ def _start(
     """Plan, then claim the run's folder and write its manifest as "running"."""
     code_for, limits = code.resolver(project, settings.code), settings.fitness
     policy = replicates.policy(
-        quick=options.quick, replicates=options.replicates, max_replicates=options.max_replicates
+        quick=options.quick,
+        replicates=options.replicates,
+        max_replicates=options.max_replicates,
+        budget_s=options.budget_s,
     )
     source_hash = source_tree_hash()
     environment = environment_key()
@@ -92,7 +95,8 @@ def _start(
     recorded = options.recorded() | {"replicates": policy.first, "hypotheses": [h.id for h in hypotheses]}
     manifest = rundir.manifest(ctx.run_dir, command=options.command, options=recorded, source_hash=source_hash)
     manifest["cache_key"] = environment  # what, besides the notebook and parameters, a reuse must match
-    manifest["confidence"] = policy.confidence()
+    manifest["confidence"] = policy.confidence()  # the first look's; each verdict says its own
+    manifest["budget_s"] = policy.budget_s
     manifest["notebooks"] = the_plan.notebooks  # with `code` and `code_of`: what a later run compares with
     manifest["code"] = {state.digest: state.to_json() for state in the_plan.code.values()}
     manifest["code_of"] = {key: state.digest for key, state in the_plan.code.items()}
@@ -103,36 +107,69 @@ def _start(
     return ctx, manifest
 
 
-def judge_all(ctx: RunContext, hypotheses: list[Hypothesis]) -> list[Judged]:
-    """Every hypothesis judged from the replicates of the executions it reads, at the policy's level."""
+def judge_all(ctx: RunContext, hypotheses: list[Hypothesis], look: int = 0) -> list[Judged]:
+    """Every hypothesis judged from the replicates of the executions it reads, at the look's level."""
     replicated = ctx.plan.replicated()
     out = []
     for h in hypotheses:
         executions = [ctx.done[x.id] for x in replicated if x.key in ctx.plan.needs[h.id]]
-        out.append(judged(h, executions, confidence=ctx.policy.confidence()))
+        out.append(judged(h, executions, confidence=ctx.policy.confidence(look)))
     return out
+
+
+def _within_budget(ctx: RunContext, grown: dict[str, int]) -> dict[str, int] | None:
+    """The growth the time budget affords (all of it without one); None when nothing fits."""
+    if ctx.policy.budget_s is None:
+        return grown
+    walls: dict[str, list[float]] = {}
+    for x in ctx.done.values():
+        if x.wall_s is not None and not x.reused:
+            walls.setdefault(x.key, []).append(x.wall_s)
+    every = [w for ws in walls.values() for w in ws] or [0.0]
+    at_once = max(1, ctx.options.at_once())
+    seconds = {k: sum(walls.get(k, every)) / len(walls.get(k, every)) / at_once for k in grown}
+    left = ctx.policy.budget_s - (time.monotonic() - ctx.started)
+    counts, left_out = ctx.policy.afford(grown, ctx.plan.replicates, ctx.plan.needs, seconds, left)
+    ctx.out_of_time.update(left_out)
+    if left_out:
+        ctx.say(
+            f"the time budget ({ctx.policy.budget_s:g} s, {max(0.0, left):.0f} s left) leaves out "
+            f"{', '.join(sorted(left_out))}"
+        )
+    return None if counts == ctx.plan.replicates else counts
 
 
 def measure_and_judge(ctx: RunContext, hypotheses: list[Hypothesis]) -> list[Judged]:
     """Execute, judge, and look again with more replicates while the policy says more would decide."""
     schedule.execute(ctx)
     items = judge_all(ctx, hypotheses)
-    for _ in range(ctx.policy.looks - 1):
+    for look in range(1, ctx.policy.looks):
         grown = ctx.policy.grow(ctx.plan.replicates, ctx.plan.needs, {i.hypothesis.id: i.judgement for i in items})
+        grown = _within_budget(ctx, grown) if grown is not None else None
         if grown is None:
             break
+        added = [x for x in ctx.plan.executions if grown[x.key] > ctx.plan.replicates[x.key]]
         ctx.plan = replace(ctx.plan, replicates=grown)
-        growth = ", ".join(f"{x.label()}: {grown[x.key]}" for x in ctx.plan.executions)
-        ctx.say(f"undecided: adding replicates ({growth})")
+        ctx.say(f"undecided: adding replicates ({', '.join(f'{x.label()}: {grown[x.key]}' for x in added)})")
         schedule.execute(ctx)
-        items = judge_all(ctx, hypotheses)
+        judged_now = {i.hypothesis.id: i for i in judge_all(ctx, hypotheses, look)}
+        # a verdict an earlier look decided stands at its level; only those that grew are judged again
+        items = [judged_now[i.hypothesis.id] if _grew(ctx, i.hypothesis.id, added) else i for i in items]
     return [
         replace(
             i,
-            stopped=ctx.policy.stopped(i.judgement, [ctx.plan.replicates[k] for k in ctx.plan.needs[i.hypothesis.id]]),
+            stopped=ctx.policy.stopped(
+                i.judgement,
+                [ctx.plan.replicates[k] for k in ctx.plan.needs[i.hypothesis.id]],
+                ctx.out_of_time.get(i.hypothesis.id) if i.judgement.verdict is Verdict.INCONCLUSIVE else None,
+            ),
         )
         for i in items
     ]
+
+
+def _grew(ctx: RunContext, hid: str, added: list) -> bool:
+    return any(x.key in ctx.plan.needs[hid] for x in added)
 
 
 def _run(started_run: tuple[RunContext, dict[str, Any]], hypotheses: list[Hypothesis], started: float) -> RunReport:
