@@ -1,3 +1,5 @@
+import pytest
+
 from perfkit.machine import fitness
 
 
@@ -77,12 +79,61 @@ def test_swapping_a_falling_clock_and_a_throttled_or_shared_gpu_are_unfit():
     assert fitness.unfit(t) == "GPU 0 used by 1 other processes (pid 4242)"
 
 
-def test_free_cores_counts_what_others_leave(monkeypatch):
+def test_free_cores_counts_what_others_leave_on_the_cpus_asked_about(monkeypatch):
     import psutil
 
-    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 8)
-    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None: 25.0)  # two of eight cores busy
+    monkeypatch.setattr(fitness, "cpus", lambda: tuple(range(8)))
+    busy = [100.0, 100.0] + [0.0] * 6  # CPUs 0 and 1 taken by another process
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None, percpu=False: busy)
     assert fitness.free_cores() == 6
-    assert fitness.free_cores(sharing=4) == 1
-    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None: 100.0)
-    assert fitness.free_cores() == 1  # never none
+    assert fitness.free_cores(on=(0, 1)) == 0 and fitness.free_cores(on=(4, 5, 6, 7)) == 4
+
+
+def test_executions_at_once_get_disjoint_cpus_and_threads_that_fit():
+    assert fitness.slots(2, (0, 1, 2, 3)) == [(0, 1), (2, 3)]
+    assert fitness.slots(3, (0, 1, 2, 3, 4, 5, 6)) == [(0, 1), (2, 3, 4), (5, 6)]
+    assert fitness.slots(1, (2, 5)) == [(2, 5)]  # an affinity with holes (taskset, a container)
+    assert fitness.slots(3, (0, 1)) == [(0,), (1,), (0,)]  # more than CPUs: shared, and judged so
+    assert fitness.at_once(2, 1, 2) == 2 and fitness.at_once(2, 2, 2) == 1 and fitness.at_once(4, 2, 8) == 4
+    assert fitness.cpu_list((0, 1, 2, 3, 6, 8, 9)) == "0-3,6,8-9" and fitness.cpu_list((5,)) == "5"
+
+
+def _spin(cpu: int):
+    """A process outside any probe's tree burning one CPU."""
+    import subprocess
+    import sys
+
+    code = f"import os; os.sched_setaffinity(0, [{cpu}])\nwhile True: pass"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+@pytest.mark.skipif(len(fitness.cpus()) < 2, reason="needs two CPUs to pin to")
+def test_a_sibling_on_its_own_cpu_is_not_foreign_load_but_a_stranger_on_mine_is():
+    """Real processes: the trace of an execution pinned to one CPU reads that CPU's load. A busy process
+    on the other CPU (a sibling execution of the run, or a worker's) leaves it fit; one on its CPU does not."""
+    import subprocess
+    import sys
+    import time
+
+    from perfkit.machine.utilization import Sampler
+
+    mine, other = fitness.cpus()[:2]
+
+    def trace_with(spinner_cpu):
+        execution = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # idle, pinned nowhere
+        spinner = _spin(spinner_cpu)  # not in the execution's tree: its sibling, or a stranger
+        try:
+            time.sleep(0.5)
+            sampler = Sampler(interval_s=0.1, pid=execution.pid, cpus=(mine,)).start()
+            time.sleep(2.5)
+            return sampler.stop()
+        finally:
+            for p in (spinner, execution):
+                p.kill()
+                p.wait()
+
+    beside = trace_with(other)
+    assert beside["cpus"] == [mine] and beside["logical_cores"] == 1
+    assert fitness.unfit(beside) is None, fitness.foreign_cores(beside)
+    on_mine = trace_with(mine)
+    assert (fitness.unfit(on_mine) or "").startswith("machine busy: "), fitness.foreign_cores(on_mine)

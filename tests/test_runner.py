@@ -4,6 +4,7 @@ The executions are shared by every test in this module (kernel start-up is secon
 """
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -82,7 +83,11 @@ def test_progress_lines_and_evidence_are_kept(first):
     project, report, lines = first
     assert sum(1 for line in lines if " start    fixture_probe.ipynb" in line) == 6
     # torch in each probe gets the cores that are free (OMP_NUM_THREADS), unless the user set it
-    assert all(line.endswith(" threads)") for line in lines if " start    " in line)
+    assert all(
+        re.search(r" \(\d+ threads on CPU [0-9,-]+(, after waiting \d+ s for free cores)?\)$", line)
+        for line in lines
+        if " start    " in line
+    )
     assert any("finished fixture_probe.ipynb mode=sleep" in line and "TIMEOUT" in line for line in lines)
     run_dir = project.runs_dir / report.run_id
     executions = [json.loads(p.read_text()) for p in run_dir.glob("executions/*/r0/execution.json")]

@@ -96,6 +96,20 @@ def connect(spec: str, *, timeout_s: float = 5.0):
     return client
 
 
+def host_slots(client) -> dict[str, tuple[int, int]]:
+    """Each measuring worker's (index, count) among those on its host: which of the host's CPU slots is its.
+
+    Workers on one host run at once, so each runs its executions on CPUs of its own
+    (perfkit.machine.fitness.slots): one rule for `--jobs N` here and for N workers on a machine.
+    """
+    workers = client.scheduler_info().get("workers", {})
+    by_host: dict[str, list[str]] = {}
+    for address in sorted(workers):
+        if workers[address].get("resources", {}).get(RESOURCE):
+            by_host.setdefault(workers[address].get("host") or address, []).append(address)
+    return {a: (i, len(addresses)) for addresses in by_host.values() for i, a in enumerate(addresses)}
+
+
 def offered(client) -> dict[str, float]:
     """The most of each resource any one worker offers."""
     most: dict[str, float] = {}
@@ -204,6 +218,12 @@ def run_on_worker(shipped: dict[str, Any], request: dict[str, Any]) -> dict[str,
     from perfkit.machine import devices
 
     code_root = unpacked(shipped)
+    cpus = None
+    try:
+        index, count = request.get("slots", {})[_distributed().get_worker().address]
+        cpus = fitness.slots(count)[index]
+    except (KeyError, ValueError):  # a worker the run did not know of when it sent this: the host's CPUs
+        pass
     with tempfile.TemporaryDirectory(prefix="perfkit-worker-") as tmp:
         root = Path(tmp)
         # the run's count, not Dask's (its nanny sets OMP_NUM_THREADS=1 for every worker)
@@ -220,6 +240,7 @@ def run_on_worker(shipped: dict[str, Any], request: dict[str, Any]) -> dict[str,
                 timeout_s=request["timeout_s"],
                 env=env,
                 extra=request["extra"],
+                cpus=cpus,
             )
         )
         files = {p.name: p.read_bytes() for p in (root / "exec").iterdir() if p.is_file()}
@@ -261,6 +282,7 @@ def execute(
     """
     distributed = _distributed()
     futures = {}
+    slots = host_slots(client)
     for request in batch.requests:
         planned = request.planned
         sent = {
@@ -270,6 +292,7 @@ def execute(
             "timeout_s": batch.timeout_s,
             "extra": request.extra,
             "threads": planned.threads or fitness.threads_for(),
+            "slots": slots,
         }
         future = client.submit(
             run_on_worker,

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +23,7 @@ from pathlib import Path
 from perfkit.experiment import kernel
 from perfkit.experiment.results import Execution
 from perfkit.files import Reader, write_atomic
+from perfkit.machine.fitness import cpu_list
 from perfkit.samples import MIMETYPE, MetricRecord
 
 KERNEL_NAME = kernel.NAME
@@ -162,6 +164,7 @@ class Job:
     timeout_s: float
     env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
     extra: dict[str, object] | None = None  # parameters the plan does not key on (the replicate index)
+    cpus: tuple[int, ...] | None = None  # the CPUs it runs on, its own while others run at once (None: all)
 
 
 @dataclass(frozen=True)
@@ -180,15 +183,22 @@ class Ended:
 
 
 def measure(job: Job, *, interval_s: float = 0.25) -> Ended:
-    """`execute` with the machine's utilization sampled around it: the one wrapper, local or remote."""
+    """`execute` with the machine's utilization sampled meanwhile: the one wrapper, local or remote.
+
+    The sampler watches the execution's own process tree (from its child process down, so executions
+    running at once are not each other's) and the load of the CPUs it is pinned to.
+    """
     from perfkit.machine import utilization
 
-    sampler = utilization.Sampler(interval_s=interval_s)
-    sampler.start()
+    samplers: list[utilization.Sampler] = []
+
+    def launched(pid: int) -> None:
+        samplers.append(utilization.Sampler(interval_s=interval_s, pid=pid, cpus=job.cpus).start())
+
     try:
-        ended = execute(job)
+        ended = execute(job, launched=launched)
     finally:
-        trace = sampler.stop()
+        trace = samplers[0].stop() if samplers else None
     return replace(ended, trace=trace)
 
 
@@ -201,13 +211,16 @@ def _write_spec(job: Job, output: Path, outcome_path: Path) -> Path:
         "cwd": str(job.cwd),
         "outcome": str(outcome_path),
         "parent": os.getpid(),  # the child stops when this process is gone, even before it looked
+        "cpus": list(job.cpus) if job.cpus else None,
     }
     write_atomic(spec_path, json.dumps(spec, indent=1))
     return spec_path
 
 
-def _launch(job: Job, spec_path: Path, log_path: Path) -> tuple[bool, int | None]:
-    """Run the child to its end or its time limit: (timed out, exit status)."""
+def _launch(
+    job: Job, spec_path: Path, log_path: Path, launched: Callable[[int], None] | None = None
+) -> tuple[bool, int | None]:
+    """Run the child to its end or its time limit: (timed out, exit status); `launched(pid)` once it started."""
     child_env = dict(os.environ)
     child_env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(job.kernel_dir), os.environ.get("JUPYTER_PATH")) if p)
     child_env.pop("MPLBACKEND", None)  # let the kernel use its inline backend so figures land in the notebook
@@ -225,6 +238,8 @@ def _launch(job: Job, spec_path: Path, log_path: Path) -> tuple[bool, int | None
         with _live_lock:
             _live.add(proc)
         try:
+            if launched is not None:
+                launched(proc.pid)
             proc.wait(timeout=job.timeout_s)
             return False, proc.returncode
         except subprocess.TimeoutExpired:
@@ -238,7 +253,7 @@ def _launch(job: Job, spec_path: Path, log_path: Path) -> tuple[bool, int | None
                 _live.discard(proc)
 
 
-def execute(job: Job) -> Ended:
+def execute(job: Job, *, launched: Callable[[int], None] | None = None) -> Ended:
     """Execute the job's notebook into exec_dir/executed.ipynb; never raises for the probe.
 
     Returns the planned execution, ended: its status, wall time, records and, when it did not end
@@ -251,8 +266,14 @@ def execute(job: Job) -> Ended:
     outcome_path.unlink(missing_ok=True)
     spec_path = _write_spec(job, output, outcome_path)
     started = time.monotonic()
-    timed_out, returncode = _launch(job, spec_path, output.with_name(output.stem + ".log"))
-    ended = replace(job.planned, wall_s=round(time.monotonic() - started, 3), run_id=job.run_id, reused=False)
+    timed_out, returncode = _launch(job, spec_path, output.with_name(output.stem + ".log"), launched)
+    ended = replace(
+        job.planned,
+        wall_s=round(time.monotonic() - started, 3),
+        run_id=job.run_id,
+        reused=False,
+        cpus=cpu_list(job.cpus) if job.cpus else None,
+    )
     nb = read_notebook(output)
     records = tuple(records_in(nb, str(output))) if nb is not None else ()
     running = last_started_cell(nb) if nb is not None else None
@@ -300,6 +321,16 @@ def _told(ended: Execution, told: dict, job: Job, running: tuple[int, str] | Non
 
 OUTPUT_CAP_BYTES = 8 * 2**20  #: a probe's stored output (records and errors aside) beyond this is cut
 _PR_SET_CHILD_SUBREAPER = 36
+
+
+def _pin(cpus: list[int]) -> None:
+    """Run this process, every thread of it, and all it starts later on `cpus` only."""
+    tasks = Path("/proc/self/task")
+    for tid in [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass  # a thread that has ended meanwhile
 
 
 def _become_subreaper() -> None:
@@ -398,6 +429,8 @@ def _child(spec_path: str) -> int:
     from papermill.exceptions import PapermillExecutionError
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    if spec.get("cpus"):
+        _pin(spec["cpus"])  # before the kernel starts: it and its threads inherit the CPUs
     _become_subreaper()
     threading.Thread(target=_exit_with_parent, args=(spec.get("parent", os.getppid()),), daemon=True).start()
     papermill_engines.register("perfkit", _engine())

@@ -27,7 +27,8 @@ Format history (`format_version`), the same numbers for both files:
      (the code under test, packages, environment, machine, probe) and how far the measurement moved;
      an execution says the CPU `threads` it ran with (null: not decided by the run, before format 6).
   7: a result's `floor` has its interval (`low`, `high`) over the `replicates` it was measured in,
-     when the probe measured it in each of them (null: an exact figure, or measured once before format 7).
+     when the probe measured it in each of them (null: an exact figure, or measured once before format 7);
+     an execution says the `cpus` it was pinned to ("0-3"; null: not pinned).
 Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file is refused.
 """
 
@@ -77,6 +78,7 @@ class Execution:
     records: tuple[MetricRecord, ...] = ()
     host: str | None = None  # the machine it ran on, when a cluster worker ran it (None: this machine)
     threads: int | None = None  # CPU threads every replicate of it ran with (decided once, by the plan)
+    cpus: str | None = None  # the CPUs this replicate was pinned to, e.g. "0-3" (None: not pinned, before format 7)
 
     def label(self) -> str:
         shown = " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
@@ -112,6 +114,7 @@ class Execution:
             records=tuple(MetricRecord.from_json(c) for c in r.children("records")) if "records" in r.data else (),
             host=r.get("host", str, optional=True),
             threads=r.get("threads", int, optional=True),
+            cpus=r.get("cpus", str, optional=True),
         )
 
 
@@ -408,11 +411,13 @@ def _5_to_6(old: dict) -> dict:
 
 
 def _6_to_7(old: dict) -> dict:
-    """Earlier floors were one number without an interval (null)."""
+    """Earlier floors were one number without an interval, earlier executions not pinned (null)."""
     for h in old.get("hypotheses", []):
         if isinstance(h, dict) and isinstance(h.get("floor"), dict):
             for key in ("low", "high", "replicates"):
                 h["floor"].setdefault(key, None)
+    for x in _executions_in(old):
+        x.setdefault("cpus", None)
     return old
 
 

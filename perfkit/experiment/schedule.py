@@ -11,6 +11,7 @@ A replicate measured on a busy machine is re-run once at the end of the look.
 from __future__ import annotations
 
 import json
+import queue
 import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -69,12 +70,24 @@ def finish(exec_dir: Path, ended: executor.Ended, *, tag: str, ctx: RunContext) 
     return execution
 
 
-def _execute_one(ctx: RunContext, planned: Execution, kernel_dir: Path, *, told: bool, tag: str) -> Execution:
-    """One replicate on this machine."""
+def _execute_one(
+    ctx: RunContext, planned: Execution, kernel_dir: Path, slots: queue.Queue, *, told: bool, tag: str
+) -> Execution:
+    """One replicate on this machine, on a slot of CPUs no other execution of the run uses meanwhile."""
+    cpus = slots.get()
+    try:
+        return _on_slot(ctx, planned, kernel_dir, cpus, told=told, tag=tag)
+    finally:
+        slots.put(cpus)
+
+
+def _on_slot(
+    ctx: RunContext, planned: Execution, kernel_dir: Path, cpus: tuple[int, ...], *, told: bool, tag: str
+) -> Execution:
     exec_dir = ctx.run_dir.execution_dir(planned.id)
     exec_dir.mkdir(parents=True, exist_ok=True)
     threads = planned.threads or fitness.threads_for(ctx.options.jobs)  # decided by the plan, for every replicate
-    waited = fitness.wait_for_cores(threads, sharing=ctx.options.jobs)
+    waited = fitness.wait_for_cores(threads, on=cpus)
     env = fitness.thread_env(threads)
     profiled = profiling.prepare(ctx.options.profile, ctx.project.notebooks_dir / planned.notebook, exec_dir)
     if profiled.kernel_prefix:  # the kernel itself runs under the profiler: a kernelspec of its own
@@ -90,10 +103,27 @@ def _execute_one(ctx: RunContext, planned: Execution, kernel_dir: Path, *, told:
         timeout_s=ctx.options.timeout_s,
         env={**env, **(profiled.env or {})},
         extra={REPLICATE_PARAM: planned.replicate} if told else None,
+        cpus=cpus,
     )
     wait = f", after waiting {waited:.0f} s for free cores" if waited >= 1 else ""
-    ctx.say(f"{tag} start    {label(planned)}  ({threads} threads{wait})")
+    ctx.say(f"{tag} start    {label(planned)}  ({threads} threads on CPU {fitness.cpu_list(cpus)}{wait})")
     return finish(exec_dir, executor.measure(job), tag=tag, ctx=ctx)
+
+
+def _slots(ctx: RunContext, batch: list[Execution]) -> queue.Queue:
+    """One slot of CPUs per execution running at once: `--jobs` of them when each gets its threads' cores."""
+    threads = max((x.threads or fitness.threads_for(ctx.options.jobs) for x in batch), default=1)
+    available = fitness.cpus()
+    at_once = fitness.at_once(min(ctx.options.jobs, len(batch)) or 1, threads, len(available))
+    if at_once < min(ctx.options.jobs, len(batch)):
+        ctx.say(
+            f"--jobs {ctx.options.jobs}: {at_once} at a time, so each execution gets its {threads} threads' "
+            f"own cores ({len(available)} CPUs here)"
+        )
+    slots: queue.Queue = queue.Queue()
+    for cpus in fitness.slots(at_once, available):
+        slots.put(cpus)
+    return slots
 
 
 def _round(ctx: RunContext, batch: list[Execution], tags: dict[str, str], done: dict) -> None:
@@ -102,10 +132,12 @@ def _round(ctx: RunContext, batch: list[Execution], tags: dict[str, str], done: 
         _on_cluster(ctx, batch, tags, done)
         return
     kernel_dir = executor.ensure_kernelspec(ctx.run_dir.path / "jupyter")
-    pool = ThreadPoolExecutor(max_workers=ctx.options.jobs)
+    slots = _slots(ctx, batch)
+    pool = ThreadPoolExecutor(max_workers=slots.qsize())
     try:
         futures = {
-            pool.submit(_execute_one, ctx, x, kernel_dir, told=x.key in ctx.plan.told, tag=tags[x.id]): x for x in batch
+            pool.submit(_execute_one, ctx, x, kernel_dir, slots, told=x.key in ctx.plan.told, tag=tags[x.id]): x
+            for x in batch
         }
         for future, x in futures.items():
             done[x.id] = future.result()

@@ -2,10 +2,11 @@
 
 A measurement taken while other work competed for the machine is not evidence: with one of two
 cores taken by another process, torch's threads stall and a mask build went bimodal at 0.3 and
-31 ms. The trace samples the probe's own process tree and the whole machine. Unfit: foreign CPU
-load (what the machine did beyond the tree), swapping, the CPU clock falling, a GPU throttled
-(power cap, thermal or hardware slowdown, as NVML reports it) or used by a process outside the
-tree. Only the time the notebook's cells ran counts.
+31 ms. The trace samples the execution's own process tree and the CPUs it runs on (its slot:
+executions running at once each get their own, `slots`, so a sibling is never foreign load, on
+this machine or on a cluster's). Unfit: foreign CPU load (what those CPUs did beyond the tree),
+swapping, the CPU clock falling, a GPU throttled (power cap, thermal or hardware slowdown, as NVML
+reports it) or used by a process outside the tree. Only the time the notebook's cells ran counts.
 """
 
 from __future__ import annotations
@@ -45,22 +46,75 @@ THROTTLES = {0x4: "power cap", 0x8: "hardware slowdown", 0x20: "thermal", 0x40: 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what torch's CPU thread pools read at start
 
 
-def free_cores(*, sharing: int = 1, seconds: float = 0.2) -> int:
-    """Cores not busy right now (measured over `seconds`), shared by `sharing` probes at once; at least 1.
+def cpus() -> tuple[int, ...]:
+    """The logical CPUs this process may run on (its affinity: a container or `taskset` may give fewer)."""
+    import os
+
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this platform: every core
+        return tuple(range(logical_cores()))
+
+
+def logical_cores() -> int:
+    """The machine's logical cores (at least 1)."""
+    import psutil
+
+    return psutil.cpu_count(logical=True) or 1
+
+
+def slots(count: int, available: tuple[int, ...] | None = None) -> list[tuple[int, ...]]:
+    """`count` disjoint sets of CPUs, contiguous and as equal as can be, one per execution running at once.
+
+    Executions on one machine each get their own cores (their threads, the CPUs they may run on), so
+    a sibling's load is on other cores and the fitness check, which watches an execution's own CPUs,
+    never takes it for foreign load. More executions than CPUs share them round robin (and are judged so).
+    """
+    available = available or cpus()
+    if count <= len(available):
+        bounds = [round(i * len(available) / count) for i in range(count + 1)]
+        return [available[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return [(available[i % len(available)],) for i in range(count)]
+
+
+def at_once(requested: int, threads: int, available: int | None = None) -> int:
+    """How many executions of `threads` threads can run at once, each on cores of its own (at least 1)."""
+    available = available or len(cpus())
+    return max(1, min(requested, available // max(1, threads)))
+
+
+def cpu_list(chosen: tuple[int, ...] | list[int]) -> str:
+    """'0-3,6' for the CPUs 0, 1, 2, 3 and 6 (the form taskset and /proc use)."""
+    out, run = [], []
+    for c in sorted(chosen):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [c]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def free_cores(*, on: tuple[int, ...] | None = None, seconds: float = 0.2) -> int:
+    """How many of the CPUs `on` (default: all this process may use) are not busy now, over `seconds`.
 
     torch starts one thread per core; with one of two cores taken by another process its threads
-    stall on each other, so a probe is given the cores that are actually free.
+    stall on each other, so a replicate waits for its cores to be free.
     """
     import psutil
 
-    cores = logical_cores()
-    busy = psutil.cpu_percent(interval=seconds) / 100.0 * cores
-    return max(1, int(cores - busy + 0.5) // max(1, sharing))
+    on = on or cpus()
+    per_cpu = psutil.cpu_percent(interval=seconds, percpu=True)
+    busy = sum(per_cpu[c] for c in on if c < len(per_cpu)) / 100.0
+    return max(0, int(len(on) - busy + 0.5))
 
 
 def threads_for(jobs: int = 1, environ: dict[str, str] | None = None) -> int:
     """The CPU threads a run gives each probe execution, decided once (never from the moment's load):
-    the user's OMP_NUM_THREADS when set, else the machine's cores shared by `jobs` executions at a time."""
+    the user's OMP_NUM_THREADS when set, else the CPUs this process may use shared by `jobs` at a time."""
     import os
 
     environ = os.environ if environ is None else environ
@@ -70,7 +124,7 @@ def threads_for(jobs: int = 1, environ: dict[str, str] | None = None) -> int:
                 return int(environ[name])
         except ValueError:
             continue
-    return max(1, logical_cores() // max(1, jobs))
+    return max(1, len(cpus()) // max(1, jobs))
 
 
 def thread_env(threads: int) -> dict[str, str]:
@@ -81,26 +135,20 @@ def thread_env(threads: int) -> dict[str, str]:
 WAIT_FOR_CORES_S = 10.0  # how long a replicate waits for its cores before it runs anyway (and is judged)
 
 
-def wait_for_cores(threads: int, *, sharing: int = 1, timeout_s: float = WAIT_FOR_CORES_S) -> float:
-    """Wait, at most `timeout_s`, until `threads` cores are free for each of `sharing` executions; the seconds waited.
+def wait_for_cores(threads: int, *, on: tuple[int, ...] | None = None, timeout_s: float = WAIT_FOR_CORES_S) -> float:
+    """Wait, at most `timeout_s`, until `threads` of the CPUs `on` (its slot) are free; the seconds waited.
 
     A replicate never runs with fewer threads than its execution's: it waits for them, and when they
     do not come it runs with its count and the utilization trace judges whether it was fit.
     """
     import time
 
+    on = on or cpus()
     started = time.monotonic()
-    while free_cores(sharing=sharing, seconds=0.5) < min(threads, logical_cores()):
+    while free_cores(on=on, seconds=0.5) < min(threads, len(on)):
         if time.monotonic() - started >= timeout_s:
             break
     return time.monotonic() - started
-
-
-def logical_cores() -> int:
-    """The machine's logical cores (at least 1)."""
-    import psutil
-
-    return psutil.cpu_count(logical=True) or 1
 
 
 BLOCK_S = 1.0  # foreign load is judged per second or so: the tree finds new processes once a second

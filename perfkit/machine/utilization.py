@@ -10,7 +10,9 @@ clocks and power. It measures its own CPU time, so its overhead is a number in e
 Format history (`format_version`): 1: first format (the key was `format`); 2: `format_version`;
 3: what judges whether the machine was fit to measure on: `swap_bytes` (swapped in + out since
 boot), `cpu_freq_mhz`, `tree_pids` (every process of the tree), and per GPU `throttle_reasons`
-(NVML's bit mask), `temperature_c` and `gpu_pids` (processes using it).
+(NVML's bit mask), `temperature_c` and `gpu_pids` (processes using it); `cpus`: the CPUs the
+execution was pinned to, whose load `system_cpu_percent` is (null: the whole machine's), and
+`logical_cores` their count.
 """
 
 from __future__ import annotations
@@ -98,18 +100,26 @@ class _Tree:
 
 
 class _MachineCpu:
-    """Whole-machine CPU load (% of all cores) between two reads, from the kernel's counters."""
+    """CPU load (% of the CPUs watched: all of the machine's, or an execution's own) between two reads."""
 
-    def __init__(self):
+    def __init__(self, cpus: tuple[int, ...] | None = None):
+        self.cpus = cpus
         self.last = None
 
+    def _times(self):
+        if self.cpus is None:
+            return [psutil.cpu_times()]
+        every = psutil.cpu_times(percpu=True)
+        return [every[c] for c in self.cpus if c < len(every)]
+
     def read(self) -> float | None:
-        now = psutil.cpu_times()
+        now = self._times()
         if self.last is None:
             self.last = now
             return None
-        busy, total = busy_cpu_seconds(self.last, now)
+        pairs = [busy_cpu_seconds(a, b) for a, b in zip(self.last, now)]
         self.last = now
+        busy, total = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
         return 0.0 if total <= 0 else max(0.0, 100.0 * busy / total)
 
 
@@ -117,18 +127,27 @@ class Sampler:
     """Samples utilisation in a background thread between `start()` and `stop()`.
 
     `pid`: root of the watched process tree (default: this process); `rescan_s`: how often new
-    child processes are looked for.
+    child processes are looked for; `cpus`: the CPUs whose load is read (default: the machine's),
+    an execution's own when it runs pinned to them.
 
     `stop()` returns the trace: a JSON-able dict with epoch-second timestamps `t` and one list
     per series, the GPUs' series under `gpus`, and the sampler's own cost under `overhead`.
     """
 
-    def __init__(self, interval_s: float = 0.25, *, pid: int | None = None, rescan_s: float = 1.0):
+    def __init__(
+        self,
+        interval_s: float = 0.25,
+        *,
+        pid: int | None = None,
+        rescan_s: float = 1.0,
+        cpus: tuple[int, ...] | None = None,
+    ):
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         self.interval_s = float(interval_s)
         self.rescan_s = float(rescan_s)
         self.pid = os.getpid() if pid is None else pid
+        self.cpus = tuple(cpus) if cpus else None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._trace: dict | None = None
@@ -171,13 +190,14 @@ class Sampler:
             "swap_bytes": [],
             "cpu_freq_mhz": [],
             "tree_pids": [],
-            "logical_cores": psutil.cpu_count(logical=True),
+            "logical_cores": len(self.cpus) if self.cpus else psutil.cpu_count(logical=True),
+            "cpus": list(self.cpus) if self.cpus else None,
             "gpus": [],
             "gpu_note": None,
         }
         try:
             tree = _Tree(self.pid, rescan_s=self.rescan_s)
-            machine = _MachineCpu()
+            machine = _MachineCpu(self.cpus)
             with nvml() as nv:
                 trace["gpu_note"] = nv.note
                 gpus = [self._gpu_series(nv, i, h) for i, h in enumerate(nv.handles)]
@@ -284,6 +304,8 @@ def plot_trace(trace: dict, path, *, intervals: list[tuple[str, float, float]]) 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from perfkit.machine.fitness import cpu_list
+
     ts = trace["t"]
     starts = [t for _, t, _ in intervals]
     origin = min(ts[:1] + starts) if (ts or starts) else 0.0
@@ -296,7 +318,9 @@ def plot_trace(trace: dict, path, *, intervals: list[tuple[str, float, float]]) 
 
     ax = axes[0]
     ax.plot(x, _none_to_nan(trace["cpu_percent"]), label="process tree (100% = one core)", color="C0")
-    ax.plot(x, _none_to_nan(trace["system_cpu_percent"]), label="whole machine (% of all cores)", color="C7", lw=0.8)
+    pinned = trace.get("cpus")
+    whose = f"CPUs {cpu_list(pinned)} (% of them)" if pinned else "whole machine (% of all cores)"
+    ax.plot(x, _none_to_nan(trace["system_cpu_percent"]), label=whose, color="C7", lw=0.8)
     ax.set_ylabel("CPU %")
     ax.legend(loc="upper right", fontsize=7)
     ax = axes[1]
