@@ -169,10 +169,9 @@ def _judge(project, args) -> int:
 
     from perfkit.experiment.manual import judge_notebook
 
-    name, judged = judge_notebook(project, Path(args.notebook), args.hypothesis)
+    name, judged, machine = judge_notebook(project, Path(args.notebook), args.hypothesis)
     print(
-        f"judged from {args.notebook} (probe {name}), executed by hand: not a run, one process, not stored; "
-        "the machine's fitness not judged (a notebook carries no utilization trace)"
+        f"judged from {args.notebook} (probe {name}), executed by hand: not a run, one process, not stored; {machine}"
     )
     for item in judged:
         j = item.judgement

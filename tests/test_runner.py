@@ -566,9 +566,34 @@ def test_a_notebook_executed_by_hand_with_papermill_gets_the_runs_verdicts(first
     assert (
         got["fx-raises"] == "inconclusive" and "the notebook ran with mode='ok'; the record asks mode='raise'" in text
     )
+    assert text.splitlines()[0].endswith("the machine's fitness not judged (no utilization.json beside out.ipynb)")
     stored = sorted(p.name for p in project.results_dir.glob("*.json"))
     assert main(["--root", str(project.root), "judge", str(out), "--hypothesis", "fx-share"]) == 0
     assert sorted(p.name for p in project.results_dir.glob("*.json")) == stored  # never stored
+    capsys.readouterr()
+    # a run's executed notebook has its utilization trace beside it: the machine's fitness is judged from it
+    ran = next(
+        p.parent
+        for p in (project.runs_dir / report.run_id / "executions").glob("*/r0/execution.json")
+        if json.loads(p.read_text())["params"] == {"mode": "ok", "n": 1000}
+    )
+    busy = tmp_path / "busy"
+    shutil.copytree(ran, busy)
+    trace = json.loads((busy / "utilization.json").read_text())
+    cells = executor.cell_times(executor.read_notebook(busy / "executed.ipynb"))
+    start, end = min(c[1] for c in cells), max(c[2] for c in cells)  # this probe's cells take a blink:
+    trace["t"] = [start + (end - start) * i / 40 for i in range(41)]  # samples inside them, dense
+    trace["interval_s"] = (end - start) / 40
+    for series in ("swap_bytes", "cpu_freq_mhz"):
+        trace[series] = [None] * 41
+    trace["system_cpu_percent"] = [100.0] * 41  # every core taken ...
+    trace["cpu_percent"] = [0.0] * 41  # ... by processes outside the execution's tree
+    (busy / "utilization.json").write_text(json.dumps(trace))
+    for folder, words in ((ran, "; the machine was fit ("), (busy, "; the machine was not fit (machine busy: ")):
+        main(["--root", str(project.root), "judge", str(folder / "executed.ipynb"), "--hypothesis", "fx-share"])
+        text = capsys.readouterr().out
+        assert words in text.splitlines()[0], text
+    assert "inconclusive" in text and "the machine was not fit to measure on: machine busy" in text
 
 
 def test_run_show_and_validate_speak_json(first, monkeypatch, capsys):

@@ -3,8 +3,10 @@
 A notebook run with papermill, nbconvert or JupyterLab (and saved) carries its records in its
 outputs. This judges them against the hypotheses that name the notebook (or the one asked for),
 with the same judging as a run. The verdicts are printed, clearly marked as not produced by a
-run, and never stored: one hand-run process is one replicate on a machine nobody watched, so it
-is a first look, not evidence for the ledger.
+run, and never stored: one hand-run process is one replicate, so it is a first look, not
+evidence for the ledger. When a utilization trace lies beside the notebook (a run's executed
+notebook in runs/<run-id>/executions/.../, with its utilization.json), the machine's fitness is
+judged from it over the cells' time, as a run judges it; otherwise the verdict says it was not.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from perfkit.experiment.execute import read_notebook, records_in
 from perfkit.experiment.hypothesis import Hypothesis, load_hypotheses, notebook_parameters
 from perfkit.experiment.judging import judge
 from perfkit.experiment.results import Execution
-from perfkit.experiment.verdict import Judgement, Verdict
+from perfkit.experiment.verdict import UNFIT_REASON, Judgement, Verdict
 from perfkit.paths import Project
 
 
@@ -49,8 +51,29 @@ def _parameters(nb, probe: Path) -> dict[str, Any]:
     return ran | dict(nb.metadata.get("papermill", {}).get("parameters") or {})
 
 
-def judge_notebook(project: Project, path: Path, ids: list[str] | None = None) -> tuple[str, list[HandJudged]]:
-    """(the probe's name, the verdict of each hypothesis that reads it) from an executed notebook."""
+def fitness_of(project: Project, path: Path, nb) -> tuple[str, str | None]:
+    """(what was judged of the machine, why it was unfit or None) from the trace beside the notebook."""
+    import json
+
+    from perfkit.experiment import config
+    from perfkit.experiment.execute import cell_times
+    from perfkit.machine import fitness
+
+    beside = path.parent / "utilization.json"
+    if not beside.is_file():
+        return f"the machine's fitness not judged (no utilization.json beside {path.name})", None
+    try:
+        trace = json.loads(beside.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{beside}: not a utilization trace ({exc})") from None
+    cells = cell_times(nb)
+    window = (min(c[1] for c in cells), max(c[2] for c in cells)) if cells else None
+    why = fitness.unfit(trace, window, config.read(project).fitness)
+    return (f"the machine was not fit ({why}; {beside})" if why else f"the machine was fit ({beside})"), why
+
+
+def judge_notebook(project: Project, path: Path, ids: list[str] | None = None) -> tuple[str, list[HandJudged], str]:
+    """(the probe's name, the verdict of each hypothesis that reads it, what was judged of the machine)."""
     nb = read_notebook(path)
     if nb is None:
         raise UserError(f"{path}: {'not a readable notebook' if path.is_file() else 'no such file'}")
@@ -63,6 +86,7 @@ def judge_notebook(project: Project, path: Path, ids: list[str] | None = None) -
     if not records:
         raise UserError(f"{path}: no perfkit records in its outputs (was it executed and saved?)")
     params = _parameters(nb, project.notebooks_dir / name)
+    machine, unfit = fitness_of(project, path, nb)
     out = []
     for h in chosen:
         full, quick = dict(h.probe.params), {**h.probe.params, **h.probe.quick}
@@ -77,6 +101,8 @@ def judge_notebook(project: Project, path: Path, ids: list[str] | None = None) -
             key="by-hand", notebook=name, params={**full, **params}, status="ok", records=records, run_id=None
         )
         judgement = judge(h, [execution])
+        if unfit and judgement.verdict is not Verdict.ERROR:  # measured on a busy machine: not evidence
+            judgement = replace(judgement, verdict=Verdict.INCONCLUSIVE, off_by=None, reason=f"{UNFIT_REASON}: {unfit}")
         if differs:  # another experiment than the one the claim names: no verdict on the claim
             ran = ", ".join(f"{k}={v[1]!r}" for k, v in differs.items())
             asked = ", ".join(f"{k}={v[0]!r}" for k, v in differs.items())
@@ -87,4 +113,4 @@ def judge_notebook(project: Project, path: Path, ids: list[str] | None = None) -
                 reason=f"the notebook ran with {ran}; the record asks {asked} (full or quick)",
             )
         out.append(HandJudged(h, judgement, differs))
-    return name, out
+    return name, out, machine

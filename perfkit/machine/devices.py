@@ -102,10 +102,27 @@ def fingerprint(inputs: dict | None = None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def governor() -> str | None:
+    """The CPU frequency governor ("performance", "powersave", ...), when the kernel exposes one."""
+    from pathlib import Path
+
+    found = set()
+    for path in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/scaling_governor"):
+        try:
+            found.add(path.read_text(encoding="utf-8").strip())
+        except OSError:
+            continue
+    return "/".join(sorted(found)) or None
+
+
 def describe(inputs: dict | None = None) -> str:
-    """The machine in a few words, for a reader of the ledger: CPU, cores, memory, GPUs."""
+    """The machine in a few words, for a reader of the ledger: CPU, cores, memory, GPUs (and, measured
+    now, the CPU frequency governor when there is one)."""
+    live = inputs is None
     inputs = fingerprint_inputs() if inputs is None else inputs
     gpus = inputs.get("gpus") or []
     names = sorted(set(gpus))
     gpu_text = ", ".join(f"{gpus.count(n)}x {n}" for n in names) if gpus else "no GPU"
-    return f"{inputs['cpu_model']}, {inputs['logical_cores']} cores, {inputs['memory_gib']} GiB; {gpu_text}"
+    held = governor() if live else None
+    clock = f"; {held} governor" if held else ""
+    return f"{inputs['cpu_model']}, {inputs['logical_cores']} cores, {inputs['memory_gib']} GiB; {gpu_text}{clock}"

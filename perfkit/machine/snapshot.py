@@ -24,6 +24,7 @@ import psutil
 import perfkit
 from perfkit.errors import UserError
 from perfkit.files import VERSION_KEY
+from perfkit.machine import devices, fitness
 from perfkit.machine.devices import cpu_model, nvml
 from perfkit.paths import git_state
 
@@ -50,6 +51,8 @@ def _cpu() -> dict:
             "current": round(freq.current, 1) if freq and freq.current else None,
             "max": round(freq.max, 1) if freq and freq.max else None,
         },
+        "governor": devices.governor(),  # as pyperf records it: "performance" holds the clock, others may not
+        "affinity": fitness.cpu_list(fitness.cpus()),  # the CPUs the run may use (taskset, a container)
     }
 
 
@@ -216,7 +219,9 @@ def format_snapshot(snap: dict) -> str:
     freq = f"{f['current'] / 1e3:.2f} GHz" if f["current"] else "freq ?"
     if f["max"]:
         freq += f" (max {f['max'] / 1e3:.2f} GHz)"
-    row("cpu", f"{c['model']}, {c['physical_cores']} cores / {c['logical_cores']} threads, {freq}")
+    pinned = f", this process on CPUs {c['affinity']}" if c.get("affinity") else ""
+    held = f", {c['governor']} governor" if c.get("governor") else ", no frequency governor exposed"
+    row("cpu", f"{c['model']}, {c['physical_cores']} cores / {c['logical_cores']} threads, {freq}{held}{pinned}")
     m = snap["memory"]
     row("memory", f"{_gib(m['total_bytes'])} total, {_gib(m['available_bytes'])} available")
     if not snap["gpus"]:

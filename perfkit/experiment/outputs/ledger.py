@@ -93,6 +93,8 @@ def render(all_results: list[RunResults]) -> str:
         machine = run.machine or "machine not recorded"
         threads = sorted({x.threads for r in run.hypotheses for x in r.executions if x.threads})
         count = f"; {'/'.join(map(str, threads))} CPU thread{'s' if threads != [1] else ''}" if threads else ""
+        if any(x.cpus for r in run.hypotheses for x in r.executions):
+            count += ", each replicate on CPUs of its own"
         lines.append(f"- {run_id}: {run.created}, {run_words(run)}; {machine}{count}")
     floors = [(hid, standing(runs).result.floor) for hid, runs in entries.items() if standing(runs).result.floor]
     if floors:
