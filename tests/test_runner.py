@@ -470,7 +470,7 @@ def test_every_replicate_of_an_execution_runs_with_the_threads_the_run_decided_o
     (measured_by,) = [
         line for line in project.ledger_path.read_text().splitlines() if line.startswith(f"- {two.run_id}:")
     ]
-    assert measured_by.endswith("; 2 CPU threads")  # every verdict's thread count, in the ledger
+    assert measured_by.endswith("; 2 CPU threads, each replicate on CPUs of its own")  # the thread count, in the ledger
 
 
 def _perfkit(project, *args):

@@ -130,7 +130,11 @@ def _within_budget(ctx: RunContext, grown: dict[str, int]) -> dict[str, int] | N
     seconds = {k: sum(walls.get(k, every)) / len(walls.get(k, every)) / at_once for k in grown}
     left = ctx.policy.budget_s - (time.monotonic() - ctx.started)
     counts, left_out = ctx.policy.afford(grown, ctx.plan.replicates, ctx.plan.needs, seconds, left)
-    ctx.out_of_time.update(left_out)
+    for hid in ctx.plan.needs:  # the budget's last word on each: left out now, or afforded after all
+        if hid in left_out:
+            ctx.out_of_time[hid] = left_out[hid]
+        elif any(counts[k] > ctx.plan.replicates[k] for k in ctx.plan.needs[hid]):
+            ctx.out_of_time.pop(hid, None)
     if left_out:
         ctx.say(
             f"the time budget ({ctx.policy.budget_s:g} s, {max(0.0, left):.0f} s left) leaves out "
