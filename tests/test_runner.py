@@ -662,3 +662,29 @@ def test_a_time_budget_lets_a_run_add_replicates_only_while_it_lasts(tmp_path):
     (h,) = roomy.results.hypotheses
     assert any(line.startswith("undecided: adding replicates (fixture_probe.ipynb") for line in lines)
     assert len(h.executions) > 2 and "time budget" not in (h.stopped or "")
+
+
+def test_no_execution_starts_once_a_run_was_interrupted(tmp_path):
+    """A replicate that was waiting for its cores when Ctrl-C came must not start its kernel afterwards
+    (it did: the interrupted run then hung until that execution ended)."""
+    from perfkit.experiment.results import Execution
+
+    job = executor.Job(
+        planned=Execution(key="k", notebook="fixture_probe.ipynb", params={"mode": "ok"}),
+        notebook=FIXTURES / "notebooks" / "fixture_probe.ipynb",
+        exec_dir=tmp_path / "x",
+        run_id="r",
+        cwd=tmp_path,
+        code_root=tmp_path,
+        kernel_dir=executor.ensure_kernelspec(tmp_path / "jupyter"),
+        timeout_s=30,
+    )
+    executor.kill_all()  # what the interrupted run does
+    try:
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt, match="interrupted before this execution started"):
+            executor.execute(job)
+        assert not executor._live and time.monotonic() - started < 5
+    finally:
+        executor.allow_executions()
+    assert executor.execute(job).execution.status == "ok"  # the next run's rounds may execute again

@@ -29,6 +29,7 @@ from perfkit.samples import MIMETYPE, MetricRecord
 KERNEL_NAME = kernel.NAME
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _live: set[subprocess.Popen] = set()  # executions in flight, so an interrupted run can stop them
+_stopping = threading.Event()  # set when a run is interrupted: no execution starts after that
 _live_lock = threading.Lock()
 
 
@@ -142,9 +143,15 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def allow_executions() -> None:
+    """A new round of a run may start executions again (after an earlier run in this process was stopped)."""
+    _stopping.clear()
+
+
 def kill_all() -> None:
-    """Stop every execution in flight (an interrupted run must not leave kernels behind)."""
+    """Stop every execution in flight, and any about to start (an interrupted run leaves no kernels behind)."""
     with _live_lock:
+        _stopping.set()
         procs = list(_live)
     for proc in procs:
         _kill_tree(proc)
@@ -228,14 +235,16 @@ def _launch(
     # the kernel (and whatever it starts) imports the project's own code without it being installed
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(job.code_root), child_env.get("PYTHONPATH")) if p)
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "perfkit.experiment.execute", str(spec_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=child_env,
-            start_new_session=True,
-        )
-        with _live_lock:
+        with _live_lock:  # started and known at once: kill_all either sees it or it never starts
+            if _stopping.is_set():
+                raise KeyboardInterrupt("the run was interrupted before this execution started")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "perfkit.experiment.execute", str(spec_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child_env,
+                start_new_session=True,
+            )
             _live.add(proc)
         try:
             if launched is not None:

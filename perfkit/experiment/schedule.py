@@ -132,6 +132,7 @@ def _round(ctx: RunContext, batch: list[Execution], tags: dict[str, str], done: 
         _on_cluster(ctx, batch, tags, done)
         return
     kernel_dir = executor.ensure_kernelspec(ctx.run_dir.path / "jupyter")
+    executor.allow_executions()
     slots = _slots(ctx, batch)
     pool = ThreadPoolExecutor(max_workers=slots.qsize())
     try:
