@@ -236,6 +236,7 @@ def test_an_interrupted_run_says_so_in_its_manifest_with_what_ended(first, monke
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
+    rerun(project, ids=["fx-share"])  # warm at this run's thread count, whatever ran before
     monkeypatch.setattr(runner, "write", interrupted)  # Ctrl-C after the executions, while writing
     before = {p.name for p in project.results_dir.iterdir()}
     with pytest.raises(KeyboardInterrupt):
