@@ -24,6 +24,7 @@ from perfkit import units
 from perfkit.errors import UserError
 from perfkit.experiment.history import Entry, attempt, history, standing
 from perfkit.experiment.results import HypothesisResult, Measured, RunResults, load_all_results
+from perfkit.experiment.verdict import UNFIT_REASON
 from perfkit.files import read_json
 from perfkit.paths import Project, git
 
@@ -223,7 +224,8 @@ def _attempt(runs: list[Entry], shown: Entry, base_runs: set[str]) -> str | None
     if latest is shown or latest.run_id in base_runs:
         return None
     why = attempt(latest)
-    reason = f": {latest.result.reason}" if latest.result.reason and why != latest.result.reason else ""
+    said = (latest.result.reason or "").removeprefix(f"{UNFIT_REASON}: ").removeprefix(f"{why}: ")
+    reason = f": {said}" if said and said != why else ""
     return f"not measured: {why}{reason} (run {latest.run_id}); the standing measurement is kept" if why else None
 
 
