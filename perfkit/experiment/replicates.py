@@ -30,7 +30,7 @@ from perfkit.experiment.verdict import UNFIT_REASON, Judgement, Verdict
 DEFAULT_REPLICATES = {"quick": 3, "full": 5}
 MORE_LOOKS = 2  # times a run may add replicates to verdicts the first look left undecided
 FIRST_SHARE = 0.8  # of the 5% error rate, what the first look spends when the run may look again
-QUICK_BUDGET_S = 330.0  # --quick's default --budget: `make run` on 2 cores stays under 6 minutes
+QUICK_BUDGET_S = 330.0  # --quick's default --budget: replicates are added only while the run is under 5.5 min
 
 
 @dataclass(frozen=True)
