@@ -233,13 +233,14 @@ def compare(base: list[RunResults], current: list[RunResults]) -> list[Change]:
         b, a = before.get(hid), after.get(hid)
         br, ar = (b.result if b else None), (a.result if a else None)
         shifted: tuple[float | None, float | None] = (None, None)
+        floor = floor_move(br, ar) if br is not None and ar is not None else None
         if br is None:
             kind = "added"
         elif ar is None:
             kind = "removed"
         elif br.verdict != ar.verdict:
             kind = "flip"
-            if br.hash == ar.hash and floor_move(br, ar) and not measurement_moved(br, ar):
+            if br.hash == ar.hash and floor and not measurement_moved(br, ar):
                 kind = "expectation-moved"
         elif ar.not_reproduced and a.run_id != b.run_id:
             kind = "not-reproduced"
@@ -255,7 +256,6 @@ def compare(base: list[RunResults], current: list[RunResults]) -> list[Change]:
         if br is not None and ar is not None and kind not in ("unchanged", "not-measured"):
             shifted = move(br, ar)
         runs = (b.run_id if b else None, a.run_id if a else None)
-        floor = floor_move(br, ar) if br is not None and ar is not None else None
         changes.append(Change(hid, kind, br, ar, *runs, *shifted, attempt=tried, expectation=floor))
     return sorted(changes, key=lambda c: (KINDS.index(c.kind), c.id))
 

@@ -114,8 +114,9 @@ def _slots(ctx: RunContext, batch: list[Execution]) -> queue.Queue:
     """One slot of CPUs per execution running at once: `--jobs` of them when each gets its threads' cores."""
     threads = max((x.threads or fitness.threads_for(ctx.options.jobs) for x in batch), default=1)
     available = fitness.cpus()
-    at_once = fitness.at_once(min(ctx.options.jobs, len(batch)) or 1, threads, len(available))
-    if at_once < min(ctx.options.jobs, len(batch)):
+    wanted = max(1, min(ctx.options.jobs, len(batch)))
+    at_once = fitness.at_once(wanted, threads, len(available))
+    if at_once < wanted:
         ctx.say(
             f"--jobs {ctx.options.jobs}: {at_once} at a time, so each execution gets its {threads} threads' "
             f"own cores ({len(available)} CPUs here)"

@@ -85,16 +85,12 @@ def at_once(requested: int, threads: int, available: int | None = None) -> int:
 
 def cpu_list(chosen: tuple[int, ...] | list[int]) -> str:
     """'0-3,6' for the CPUs 0, 1, 2, 3 and 6 (the form taskset and /proc use)."""
-    out, run = [], []
-    for c in sorted(chosen):
-        if run and c == run[-1] + 1:
-            run.append(c)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [c]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    from itertools import groupby
+
+    out = []
+    for _, run in groupby(enumerate(sorted(chosen)), key=lambda pair: pair[1] - pair[0]):  # consecutive runs
+        first, *rest = [c for _, c in run]
+        out.append(f"{first}-{rest[-1]}" if rest else str(first))
     return ",".join(out)
 
 
