@@ -10,6 +10,7 @@ an earlier run only when all of them are the same.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.errors import UserError
+from perfkit.experiment import served
 from perfkit.experiment.code import CodeState
 from perfkit.experiment.hypothesis import Hypothesis, check_parameter, notebook_parameters
 from perfkit.experiment.options import RunOptions
@@ -178,6 +180,22 @@ def _points(
     return [{**params, sweep.param: v} for v in values]
 
 
+def _server(declared: dict | str, point: dict[str, Any], servers: dict[str, dict]) -> dict | None:
+    """The identity of the server a probe with a `server_url` parameter drives at this point (asked once per URL)."""
+    if not isinstance(declared, dict) or served.SERVER_PARAM not in declared:
+        return None
+    url = point.get(served.SERVER_PARAM)
+    if url is None:  # the notebook's default, as papermill reports it (source text)
+        try:
+            url = ast.literal_eval(str(declared[served.SERVER_PARAM].get("default") or '""'))
+        except (ValueError, SyntaxError):
+            url = ""
+    url = str(url or "")
+    if url not in servers:
+        servers[url] = served.identity(url)
+    return servers[url]
+
+
 @dataclass(frozen=True)
 class Basis:
     """What every execution's key holds besides its notebook and parameters."""
@@ -207,6 +225,7 @@ def plan(
     resources: dict[str, dict[str, float]] = {}
     code_of: dict[str, CodeState] = {}
     notebooks: dict[str, str] = {}
+    servers: dict[str, dict] = {}  # url -> identity, asked once per run
     for h in hypotheses:
         path = project.notebooks_dir / h.probe.notebook
         if h.probe.notebook not in declared_cache:
@@ -229,9 +248,13 @@ def plan(
         environment = {**basis.environment, "threads": threads}  # the treatment, the same for every replicate
         keys = []
         for point in _points(h, params, quick=quick, overrides=overrides, note=note):
-            key = execution_key(code, point, basis.source_hash, options.profile, environment, under_test.digest)
+            server = _server(declared, point, servers)
+            seen = {**environment, "server": server} if server else environment
+            key = execution_key(code, point, basis.source_hash, options.profile, seen, under_test.digest)
             code_of[key] = under_test
-            by_key.setdefault(key, Execution(key=key, notebook=h.probe.notebook, params=point, threads=threads))
+            by_key.setdefault(
+                key, Execution(key=key, notebook=h.probe.notebook, params=point, threads=threads, server=server)
+            )
             counts[key] = max(counts.get(key, 1), h.probe.replicates or replicates)
             needed = resources.setdefault(key, {})
             for name, amount in h.probe.resources.items():

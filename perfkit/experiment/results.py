@@ -29,6 +29,8 @@ Format history (`format_version`), the same numbers for both files:
   7: a result's `floor` has its interval (`low`, `high`) over the `replicates` it was measured in,
      when the probe measured it in each of them (null: an exact figure, or measured once before format 7);
      an execution says the `cpus` it was pinned to ("0-3"; null: not pinned).
+  8: an execution says the `server` it measured, when its probe drives one (`experiment/served.py`:
+     the model, root and engine identity a live server gave, or that the probe started its own).
 Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file is refused.
 """
 
@@ -45,7 +47,7 @@ from perfkit.files import Reader, encode_number, read_json, upgrade, write_json
 from perfkit.paths import Project
 from perfkit.samples import MetricRecord
 
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 VERDICTS = ("confirmed", "refuted", "inconclusive", "error")
 PLANNED = "planned"
 STATUSES = (PLANNED, "ok", "error", "timeout", "crashed")
@@ -79,6 +81,7 @@ class Execution:
     host: str | None = None  # the machine it ran on, when a cluster worker ran it (None: this machine)
     threads: int | None = None  # CPU threads every replicate of it ran with (decided once, by the plan)
     cpus: str | None = None  # the CPUs this replicate was pinned to, e.g. "0-3" (None: not pinned, before format 7)
+    server: dict[str, Any] | None = None  # the live server it measured (experiment/served.py), if it drove one
 
     def label(self) -> str:
         shown = " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
@@ -115,6 +118,7 @@ class Execution:
             host=r.get("host", str, optional=True),
             threads=r.get("threads", int, optional=True),
             cpus=r.get("cpus", str, optional=True),
+            server=r.get("server", dict, optional=True),
         )
 
 
@@ -421,6 +425,13 @@ def _6_to_7(old: dict) -> dict:
     return old
 
 
+def _7_to_8(old: dict) -> dict:
+    """Earlier executions drove no server (null)."""
+    for x in _executions_in(old):
+        x.setdefault("server", None)
+    return old
+
+
 UPGRADES: dict[int, Callable[[dict], dict]] = {
     1: _1_to_2,
     2: _2_to_3,
@@ -428,6 +439,7 @@ UPGRADES: dict[int, Callable[[dict], dict]] = {
     4: _4_to_5,
     5: _5_to_6,
     6: _6_to_7,
+    7: _7_to_8,
 }
 
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfkit.experiment import code
+from perfkit.experiment import code, served
 from perfkit.experiment.results import Execution
 from perfkit.paths import Project
 
@@ -97,6 +97,10 @@ def differences(project: Project, manifest: dict, then: dict, planned: Execution
     if manifest.get("perfkit_source") != now.source_hash:
         said.append("perfkit's own source changed")
     said += _environment(manifest.get("cache_key") or {}, now.environment)
+    if (then.get("server") or None) != planned.server:
+        said.append(
+            f"the server changed: {served.describe(then.get('server')) or 'none'} -> {served.describe(planned.server)}"
+        )
     profile = (manifest.get("options") or {}).get("profile")
     if profile != now.profile:
         said.append(f"profiler {profile or 'none'} -> {now.profile or 'none'}")

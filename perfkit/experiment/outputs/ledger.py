@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from perfkit.experiment import served
 from perfkit.experiment.compare import floor_move
 from perfkit.experiment.history import Entry, attempt, before, history, standing
 from perfkit.experiment.hypothesis import load_hypotheses
@@ -95,6 +96,9 @@ def render(all_results: list[RunResults]) -> str:
         count = f"; {'/'.join(map(str, threads))} CPU thread{'s' if threads != [1] else ''}" if threads else ""
         if any(x.cpus for r in run.hypotheses for x in r.executions):
             count += ", each replicate on CPUs of its own"
+        servers = sorted({served.describe(x.server) for r in run.hypotheses for x in r.executions if x.server})
+        if servers:
+            count += "; served by " + "; ".join(servers)
         lines.append(f"- {run_id}: {run.created}, {run_words(run)}; {machine}{count}")
     floors = [(hid, standing(runs).result.floor) for hid, runs in entries.items() if standing(runs).result.floor]
     if floors:

@@ -1,0 +1,123 @@
+"""The server a probe drives is part of its execution's key and of the ledger's "measured by" (experiment/served.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from perfkit.experiment import plan, results, served
+from perfkit.experiment.code import CodeState
+from perfkit.experiment.hypothesis import Probe
+from perfkit.experiment.kinds.value import AtMost
+from perfkit.experiment.options import RunOptions
+from perfkit.experiment.outputs import ledger
+from perfkit.paths import Project
+
+from records import execution, hypothesis, result, run_results
+
+
+class _Models(BaseHTTPRequestHandler):
+    """Answers GET /v1/models as `perfkit engine serve` does, with the identity the test sets."""
+
+    engine: dict = {}
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        if self.path != "/v1/models":
+            self.send_error(404)
+            return
+        body = json.dumps(
+            {
+                "object": "list",
+                "data": [{"id": "shipped", "root": "shipped", "object": "model", "perfkit": self.engine}],
+            }
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def models_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Models)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _project(tmp_path: Path) -> Project:
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "hypotheses").mkdir()
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell('server_url: str = ""\nctx: int = 1', metadata={"tags": ["parameters"]})],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    )
+    nbformat.write(nb, str(tmp_path / "notebooks" / "p.ipynb"))
+    return Project(tmp_path)
+
+
+def _plan(project: Project, url: str | None):
+    h = hypothesis(AtMost(kind="at_most", metric="m", unit="ms", value=1.0))
+    params = {} if url is None else {"server_url": url}
+    h = replace(h, probe=Probe(notebook="p.ipynb", params=params))
+    basis = plan.Basis(source_hash="s", environment={}, code=lambda extra: CodeState(digest="d", how="test"))
+    return plan.plan(project, [h], RunOptions(ids=("h",), threads=1), basis, note=lambda line: None)
+
+
+def test_the_served_identity_is_in_the_key_and_the_execution(tmp_path, models_server):
+    server, url = models_server
+    project = _project(tmp_path)
+    _Models.engine = {"tp": 1, "mode": "spec", "preset": "shipped", "version": "0.1.0", "pids": [11]}
+    first = _plan(project, url).executions[0]
+    assert first.server["engine"]["tp"] == 1 and first.server["model"] == "shipped"
+    assert "pids" not in first.server["engine"]  # a restart of the same server is the same server
+    _Models.engine = {"tp": 1, "mode": "spec", "preset": "shipped", "version": "0.1.0", "pids": [12]}
+    assert _plan(project, url).executions[0].key == first.key
+    _Models.engine = {"tp": 2, "mode": "spec", "preset": "shipped", "version": "0.1.0", "pids": [13, 14]}
+    second = _plan(project, url).executions[0]
+    assert second.key != first.key and second.server["engine"]["tp"] == 2
+    assert "tp 2" in served.describe(second.server) and url in served.describe(second.server)
+
+
+def test_an_empty_url_is_a_server_the_probe_starts_and_a_dead_one_is_said(tmp_path):
+    project = _project(tmp_path)
+    started = _plan(project, None).executions[0]  # the notebook's default, ""
+    assert started.server == served.STARTED
+    assert served.describe(started.server) == "a server each replicate started itself"
+    dead = served.identity("http://127.0.0.1:9", timeout=2)  # the discard port: nothing listens
+    assert dead["url"] == "http://127.0.0.1:9" and "unreachable" in dead
+    assert "unreachable" in served.describe(dead)
+    assert _plan(project, "http://127.0.0.1:9").executions[0].key != started.key
+
+
+def test_the_server_is_stored_upgraded_and_shown_in_the_ledger(tmp_path):
+    project = Project(tmp_path)
+    (tmp_path / "hypotheses").mkdir()
+    identity = {
+        "url": "http://127.0.0.1:8000",
+        "model": "shipped",
+        "root": "shipped",
+        "engine": {"tp": 2, "mode": "ar"},
+    }
+    r = result("h", "confirmed", executions=(execution(server=identity),))
+    results.write_results(project, run_results("20260101-000000", r))
+    loaded = results.load_all_results(project)[0]
+    assert loaded.hypotheses[0].executions[0].server == identity
+    text = ledger.render([loaded])
+    assert "served by shipped at http://127.0.0.1:8000 (tp 2, mode ar)" in text
+    old = execution().to_json()
+    del old["server"]
+    upgraded = results._7_to_8({"hypotheses": [{"executions": [old]}]})
+    assert upgraded["hypotheses"][0]["executions"][0]["server"] is None
