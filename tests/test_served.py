@@ -10,6 +10,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from records import execution, hypothesis, result, run_results
 
 from perfkit.experiment import plan, results, served
 from perfkit.experiment.code import CodeState
@@ -18,8 +19,6 @@ from perfkit.experiment.kinds.value import AtMost
 from perfkit.experiment.options import RunOptions
 from perfkit.experiment.outputs import ledger
 from perfkit.paths import Project
-
-from records import execution, hypothesis, result, run_results
 
 
 class _Models(BaseHTTPRequestHandler):
