@@ -26,17 +26,22 @@ _PUBLIC = {
     "Verdict": "perfkit.experiment.verdict",
 }
 
-__all__ = sorted(_PUBLIC)
+# public name -> module that is it (`from perfkit import serving`)
+_MODULES = {"serving": "perfkit.probe.serving"}
+
+__all__ = sorted([*_PUBLIC, *_MODULES])
 
 
 def __getattr__(name: str):
-    module = _PUBLIC.get(name)
-    if module is None:
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    elif name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    else:
         raise AttributeError(f"module 'perfkit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later lookups skip __getattr__
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_PUBLIC))
+    return sorted(set(globals()) | set(_PUBLIC) | set(_MODULES))

@@ -33,6 +33,7 @@ _UNITS: dict[str, tuple[str, float]] = {
     "TB/s": ("bandwidth", 1e12),
     "GiB/s": ("bandwidth", 2.0**30),
     "tok/s": ("token_rate", 1.0),
+    "req/s": ("request_rate", 1.0),
     "FLOP": ("flop", 1.0),
     "GFLOP": ("flop", 1e9),
     "TFLOP": ("flop", 1e12),
@@ -49,7 +50,7 @@ _UNITS: dict[str, tuple[str, float]] = {
 #: Dimensions where a smaller number means faster (a speedup is baseline / candidate).
 LOWER_IS_FASTER = frozenset({"time"})
 #: Dimensions where a larger number means faster (a speedup is candidate / baseline).
-HIGHER_IS_FASTER = frozenset({"token_rate", "bandwidth", "flop_rate"})
+HIGHER_IS_FASTER = frozenset({"token_rate", "request_rate", "bandwidth", "flop_rate"})
 
 KNOWN_UNITS: tuple[str, ...] = tuple(_UNITS)
 

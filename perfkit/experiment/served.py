@@ -11,14 +11,14 @@ an error is never reused.
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from typing import Any
+
+from perfkit import endpoints
 
 SERVER_PARAM = "server_url"  # the probe parameter naming the server; empty: the probe starts its own
 STARTED = {"started_by_probe": True}  # the identity of a server each replicate starts itself
 TIMEOUT_S = 5.0
+VOLATILE = ("pids", "server_pid")  # change on every restart of the same server: not part of its identity
 _SHOWN = ("tp", "mode", "preset", "budget", "device", "dtype", "version")
 
 
@@ -28,20 +28,11 @@ def identity(url: str, *, timeout: float = TIMEOUT_S) -> dict[str, Any]:
     if not url:
         return dict(STARTED)
     try:
-        with urllib.request.urlopen(f"{url}/v1/models", timeout=timeout) as response:
-            header = response.headers.get("x-perfkit-engine")
-            body = json.loads(response.read(1 << 20).decode("utf-8", "replace"))
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        return {"url": url, "unreachable": f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"}
-    models = body.get("data") if isinstance(body, dict) else None
-    first = models[0] if isinstance(models, list) and models and isinstance(models[0], dict) else {}
-    engine = first.get("perfkit") if isinstance(first.get("perfkit"), dict) else {}
-    found = {"url": url, "model": first.get("id"), "root": first.get("root")}
-    if engine:
-        found["engine"] = {k: engine[k] for k in sorted(engine) if k != "pids"}  # pids change on every restart
-    elif header:
-        found["engine"] = {"header": header}
-    return found
+        found = endpoints.identity(url, timeout=timeout)
+    except endpoints.Unreachable as exc:
+        return {"url": url, "unreachable": str(exc)}
+    engine = {k: v for k, v in sorted(found["engine"].items()) if k not in VOLATILE}
+    return {"url": url, "model": found["model"], "root": found["root"], **({"engine": engine} if engine else {})}
 
 
 def describe(server: dict[str, Any] | None) -> str:

@@ -5,7 +5,8 @@ on, the same span after 10^3 and after 10^6 earlier calls of its name (a span's 
 grow with its history), with its periodic log line on, and beside them torch.profiler's
 `record_function` and, on CUDA, an NVTX range; each as nanoseconds per call with a 95% interval
 and the difference to the bare call. A profiler that moves the number it measures is worse than
-none; this says by how much.
+none; this says by how much. `--serving [URL]` measures instead what perfkit.serving's client
+costs per streamed chunk, beside a bare aiohttp loop reading the same streams.
 """
 
 from __future__ import annotations
@@ -151,6 +152,28 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--history", type=int, default=10**6, help="earlier calls of the long-lived span (default 10^6)"
     )
+    parser.add_argument(
+        "--serving",
+        nargs="?",
+        const="start",
+        metavar="URL",
+        help="instead: perfkit.serving's cost per streamed chunk beside a bare aiohttp read, against URL "
+        "(or, without one, a `perfkit engine serve --tp 1 --chunk token` started for the measurement)",
+    )
+    parser.add_argument("--requests", type=int, default=8, help="with --serving: requests per reader (default 8)")
     args = parser.parse_args(argv)
+    if args.serving is not None:
+        print(serving_report(args.serving, requests=args.requests))
+        return 0
     print(report(measure(calls=args.calls, repeat=args.repeat, history=args.history)))
     return 0
+
+
+def serving_report(url: str, *, requests: int) -> str:
+    """The client's own cost per chunk: perfkit.serving.overhead against `url`, or a server started here."""
+    from perfkit.probe import serving
+
+    if url != "start":
+        return serving.overhead(url, requests=requests)["text"]
+    with serving.Server(tp=1, preset="tiny-random", args=("--chunk", "token")) as server:
+        return serving.overhead(server.url, requests=requests, gen=128)["text"]

@@ -1,0 +1,344 @@
+"""The server a probe drives: `perfkit engine serve` started as a subprocess, or one already running,
+and what it streams back, read by the one rule of which chunk carries text.
+
+A probe never imports the engine: it starts `python -m perfkit.engine.cli serve` on a free loopback
+port, in a process group of its own, with stdout and stderr in a log file (the evidence a failed
+start or a profile run leaves behind), and waits for `GET /health` to answer 200. Stopping sends
+SIGTERM, waits, then SIGKILLs whatever of the group is left: a probe leaves no process behind,
+whatever happened in it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfkit.endpoints import get_json, identity
+from perfkit.errors import UserError
+
+STARTUP_TIMEOUT_S = 600.0  # loading weights and spawning TP ranks on a busy CPU takes a while
+STOP_GRACE_S = 15.0  # SIGTERM, then this long, then SIGKILL
+TAIL_LINES = 30
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the OS's choice); the server binds it a moment later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _health(url: str) -> int | None:
+    """The status `GET /health` answers, None when nothing answers yet."""
+    try:
+        return get_json(f"{url}/health", timeout=2.0)[0]
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class Server:
+    """`perfkit engine serve` run as a subprocess: `with Server(tp=2) as s: run(s.url, ...)`.
+
+    `args` are further `serve` arguments (e.g. ["--chunk", "token"]); `env` is added to this
+    process's environment (e.g. {"PERFKIT_PROFILE": "1"}); the log goes to `log_dir` (a new temporary
+    folder when None) and stays there after the server stops.
+    """
+
+    tp: int = 2
+    preset: str = "shipped"
+    mode: str = "spec"
+    args: tuple[str, ...] = ()
+    env: dict[str, str] | None = None
+    log_dir: str | os.PathLike | None = None
+    host: str = "127.0.0.1"
+    startup_timeout: float = STARTUP_TIMEOUT_S
+    stop_grace: float = STOP_GRACE_S
+    url: str = field(default="", init=False)
+    log_path: Path | None = field(default=None, init=False)
+    _process: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _pids: list[int] = field(default_factory=list, init=False, repr=False)
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.poll() if self._process is not None else None
+
+    def command(self, port: int) -> list[str]:
+        """The command line that starts the server on `port`."""
+        head = [sys.executable, "-m", "perfkit.engine.cli", "serve", "--host", self.host, "--port", str(port)]
+        return head + ["--tp", str(self.tp), "--preset", self.preset, "--mode", self.mode, *self.args]
+
+    def start(self) -> Server:
+        """Start the server and wait until `/health` answers 200; on failure, stop it and raise with the log's tail."""
+        if self._process is not None:
+            raise UserError(f"this server was already started (pid {self.pid})")
+        folder = Path(self.log_dir) if self.log_dir is not None else Path(tempfile.mkdtemp(prefix="perfkit-serve-"))
+        folder.mkdir(parents=True, exist_ok=True)
+        port = free_port(self.host)
+        self.url = f"http://{self.host}:{port}"
+        self.log_path = folder / f"serve-{port}.log"
+        env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1", "PERFKIT_SERVE_PARENT": str(os.getpid())}
+        with open(self.log_path, "wb") as log:
+            self._process = subprocess.Popen(
+                self.command(port),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # its own process group: the TP ranks are stopped with it
+            )
+        atexit.register(self.stop)  # a probe whose cell failed leaves no server behind when its kernel exits
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            code = self._process.poll()
+            if code is not None:
+                raise UserError(f"perfkit engine serve exited with status {code} before it was ready{self._tail()}")
+            if _health(self.url) == 200:
+                break
+            if time.monotonic() > deadline:
+                raise UserError(
+                    f"perfkit engine serve was not ready at {self.url}/health within {self.startup_timeout:g} s"
+                    + self._tail()
+                )
+            time.sleep(0.2)
+        with contextlib.suppress(UserError):
+            self._pids = [int(p) for p in identity(self.url).get("engine", {}).get("pids", []) or []]
+
+    def log_text(self) -> str:
+        """Everything the server wrote to stdout and stderr so far."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def _tail(self) -> str:
+        lines = self.log_text().splitlines()[-TAIL_LINES:]
+        return f"; the end of {self.log_path}:\n" + "\n".join(lines) if lines else f"; {self.log_path} is empty"
+
+    def identity(self) -> dict[str, Any]:
+        return identity(self.url)
+
+    def stop(self) -> int | None:
+        """SIGTERM the server, wait `stop_grace`, SIGKILL what is left of its process group; its exit status."""
+        process = self._process
+        if process is None:
+            return None
+        atexit.unregister(self.stop)
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=self.stop_grace)
+        self._kill_remains(process.pid, wait=process.poll() is not None)
+        return process.wait()
+
+    def _remains(self, pgid: int) -> bool:
+        return _group_alive(pgid) or any(_alive(p) for p in self._pids)
+
+    def _kill_remains(self, pgid: int, *, wait: bool) -> None:
+        """Its ranks (its process group, the pids its identity named): a grace after the leader exits, then SIGKILL."""
+        deadline = time.monotonic() + (self.stop_grace if wait else 0.0)
+        while self._remains(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        for pid in self._pids:
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def __enter__(self) -> Server:
+        return self if self._process is not None else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A server someone else started: used as is, never stopped."""
+
+    url: str
+    pid: None = None
+    log_path: None = None
+
+    def identity(self) -> dict[str, Any]:
+        return identity(self.url)
+
+    def log_text(self) -> str:
+        raise UserError(f"the server at {self.url} was not started by this probe: its log is not here")
+
+
+@contextlib.contextmanager
+def server(
+    url: str = "",
+    *,
+    tp: int = 2,
+    preset: str = "shipped",
+    mode: str = "spec",
+    args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    log_dir: str | os.PathLike | None = None,
+    startup_timeout: float = STARTUP_TIMEOUT_S,
+) -> Iterator[Server | Remote]:
+    """The server a probe drives: `url` as is (checked with /v1/models), or, when empty, one started here.
+
+    The other arguments describe the server to start; with a `url` they are not used.
+    """
+    url = (url or "").strip().rstrip("/")
+    if url:
+        identity(url)  # raises, naming the URL, when nothing answers
+        yield Remote(url)
+        return
+    with Server(
+        tp=tp, preset=preset, mode=mode, args=tuple(args), env=env, log_dir=log_dir, startup_timeout=startup_timeout
+    ) as started:
+        yield started
+
+
+def _choice_text(choice: Any, chat: bool) -> str:
+    if not isinstance(choice, dict):
+        return ""
+    part = choice.get("delta") if chat else choice
+    text = part.get("content" if chat else "text") if isinstance(part, dict) else None
+    return text if isinstance(text, str) else ""
+
+
+@dataclass
+class Stream:
+    """One streamed response read line by line: its frames, its text chunks, its usage, its end.
+
+    The rule of which frame is a text chunk lives here and nowhere else: a text
+    chunk is a `data:` frame in which a choice carries a non-empty string of generated text
+    (`choices[i].text` for completions, `choices[i].delta.content` for chat). A role-only chunk, an
+    empty-text chunk (a finish reason alone) and a usage-only chunk (`choices: []`) are frames: read
+    for their `usage`, never a text chunk. An error frame (`{"error": ...}`, `{"object": "error"}`, or
+    any frame after `event: error`) ends the stream as a failure; `data: [DONE]` ends it well.
+    """
+
+    chat: bool
+    start: float = 0.0
+    end: float = 0.0
+    frames: int = 0  # data: frames, [DONE] excluded
+    chunks: list[tuple[float, int, int | None]] = field(default_factory=list)  # (time, UTF-8 bytes, running tokens)
+    usage: dict[str, Any] | None = None  # the last usage any frame carried
+    done: bool = False
+    error: str | None = None
+    _event: str = ""
+
+    def fail(self, error: str) -> None:
+        if self.error is None:
+            self.error = error
+
+    def feed(self, line: bytes, t: float) -> None:
+        """One line of the SSE stream, received at `t` (time.perf_counter)."""
+        line = line.strip()
+        if line.startswith(b"event:"):
+            self._event = line[6:].strip().decode("utf-8", "replace")
+            return
+        if not line.startswith(b"data:"):
+            return  # blank lines end frames; ":" lines are comments; id: and retry: mean nothing here
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            self.done = True
+            return
+        self.frames += 1
+        try:
+            frame = json.loads(payload)
+        except ValueError:
+            self.fail(f"a frame that is not JSON: {payload[:200].decode('utf-8', 'replace')!r}")
+            return
+        if not isinstance(frame, dict) or self._event == "error" or "error" in frame or frame.get("object") == "error":
+            error = frame.get("error", frame) if isinstance(frame, dict) else frame
+            message = error.get("message", error) if isinstance(error, dict) else error
+            self.fail(f"error frame: {str(message)[:300]}")
+            return
+        if isinstance(frame.get("usage"), dict):
+            self.usage = frame["usage"]
+        choices = frame.get("choices") if isinstance(frame.get("choices"), list) else []
+        text = "".join(_choice_text(c, self.chat) for c in choices)
+        if text:
+            running = self.usage.get("completion_tokens") if isinstance(frame.get("usage"), dict) else None
+            self.chunks.append((t, len(text.encode("utf-8")), running if isinstance(running, int) else None))
+
+
+def chunk_tokens(stream: Stream, output_tokens: int | None) -> tuple[list[int], str]:
+    """Tokens each text chunk carried and where the counts come from ("usage", "bytes" or "")."""
+    running = [r for _, _, r in stream.chunks]
+    if running and all(r is not None for r in running):
+        return [b - a for a, b in zip([0, *running], running)], "usage"
+    sizes = [b for _, b, _ in stream.chunks]
+    if not sizes or output_tokens is None or output_tokens < len(sizes):
+        return [1] * len(sizes), ""
+    # the largest-remainder split of output_tokens over the chunks by their bytes: the counts sum exactly
+    shares = [output_tokens * b / sum(sizes) for b in sizes]
+    counts = [int(x) for x in shares]
+    order = sorted(range(len(sizes)), key=lambda i: counts[i] - shares[i])
+    for i in order[: output_tokens - sum(counts)]:
+        counts[i] += 1
+    return counts, "bytes"
+
+
+def spread(times: list[float], counts: list[int]) -> list[float]:
+    """Per-token gaps: each text chunk's gap to the one before, split evenly over the tokens it carried.
+
+    A chunk that carried no token (its running count did not move) passes its gap on to the next one.
+    """
+    out: list[float] = []
+    carried = 0.0
+    for (before, now), n in zip(zip(times, times[1:]), counts[1:]):
+        carried += now - before
+        if n > 0:
+            out += [carried / n] * n
+            carried = 0.0
+    return out

@@ -1,0 +1,488 @@
+"""perfkit.serving: drive an OpenAI-compatible server and time each request as serving benchmarks do.
+
+    with serving.server(server_url, tp=2, preset="shipped") as srv:
+        results = serving.run(srv.url, context=512, gen=64, concurrency=4)
+    serving.record(results, at={"ctx": 512})
+
+What counts, defined here once (the names are those of SGLang's bench_serving and vLLM's benchmark):
+
+- A *text chunk* is a `data:` frame in which a choice carries generated text (the rule, in full, is
+  `servers.Stream`'s): a role-only, an empty-text or a usage-only chunk is never the first token,
+  never an ITL gap.
+- `ttft`: from just before the POST to the first text chunk.
+- `e2e_latency`: from just before the POST to the end of the stream (`data: [DONE]`).
+- `itl_chunk`: the gaps between consecutive text chunks.
+- `itl` (per token): each gap spread evenly over the tokens its chunk carried (a speculative step
+  sends several tokens in one chunk; a gap per chunk would be a gap per verify step, not per token).
+  Tokens per chunk come from the running `usage.completion_tokens` a server sends in every chunk
+  when asked (`stream_options.continuous_usage_stats`, vLLM's name); from a server that does not,
+  the final `usage.completion_tokens` is split over the text chunks in proportion to their UTF-8
+  bytes, exact for a byte vocabulary like the bundled engine's (`token_source` says which).
+- `output_tokens`: the server's `usage.completion_tokens` (`chunks` is the text chunk count);
+  `prompt_tokens`: the server's `usage.prompt_tokens`, checked against the tokens meant.
+- `tpot` = (e2e_latency - ttft) / (output_tokens - 1); `decode_tok_s` = its inverse;
+  `prefill_tok_s` = prompt_tokens / ttft.
+- `output_throughput`: the completed requests' output tokens / the wall time from the first POST to
+  the last stream's end; `request_throughput`: completed requests / the same wall time.
+
+A failed request (an HTTP error, an error frame, a dropped connection, no `[DONE]`, a timeout) is kept
+with its error text, never dropped. aiohttp is needed (`pip install 'perfkit[serve]'`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfkit import units
+from perfkit.errors import UserError
+from perfkit.probe import recording
+from perfkit.probe.servers import Remote, Server, Stream, chunk_tokens, identity, server, spread
+from perfkit.probe.workload import arrival_times, make_prompts
+
+__all__ = [
+    "RequestResult",
+    "Remote",
+    "Server",
+    "Summary",
+    "arrival_times",
+    "identity",
+    "make_prompts",
+    "overhead",
+    "record",
+    "run",
+    "server",
+    "summary",
+]
+
+TIMEOUT_S = 600.0  # per request, the whole stream
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    """One measured request (seconds; the definitions are this module's docstring). `error` None: completed."""
+
+    index: int  # among the measured requests, in the order they were planned
+    error: str | None
+    context: int  # the prompt tokens meant
+    max_tokens: int
+    prompt_tokens: int | None  # the server's usage.prompt_tokens
+    tokenized: int | None  # the server's /tokenize count, None without that route
+    prompt_mismatch: str | None  # why the server's counts differ from `context`, None when they agree
+    output_tokens: int | None  # the server's usage.completion_tokens
+    chunks: int  # text chunks
+    frames: int  # data: frames, [DONE] excluded
+    chunk_tokens: tuple[int, ...]  # tokens each text chunk carried
+    token_source: str  # where chunk_tokens come from: "usage" (per chunk), "bytes" (split by size), "" (unknown)
+    start: float  # just before the POST, in seconds since the measured requests began
+    end: float
+    ttft: float | None
+    e2e_latency: float | None
+    itl_chunk: tuple[float, ...]
+    itl: tuple[float, ...]  # per token
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def tpot(self) -> float | None:
+        n = self.output_tokens
+        if self.ttft is None or self.e2e_latency is None or n is None or n < 2:
+            return None
+        return (self.e2e_latency - self.ttft) / (n - 1)
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        tpot = self.tpot
+        return 1.0 / tpot if tpot else None
+
+    @property
+    def prefill_tok_s(self) -> float | None:
+        if self.ttft is None or not self.prompt_tokens or self.ttft <= 0:
+            return None
+        return self.prompt_tokens / self.ttft
+
+
+def _aiohttp():
+    try:
+        import aiohttp
+    except ImportError:
+        raise UserError("perfkit.serving needs aiohttp: pip install 'perfkit[serve]'") from None
+    return aiohttp
+
+
+def _sync(make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    """Run a coroutine to its end, also from a notebook, whose thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What every request of a run shares."""
+
+    url: str
+    model: str
+    chat: bool
+    gen: int
+    timeout: float
+    context: int
+
+    def body(self, prompt: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "max_tokens": self.gen, "temperature": 0, "stream": True}
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        if self.chat:
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        return body
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.url}/v1/chat/completions" if self.chat else f"{self.url}/v1/completions"
+
+
+async def _first_model(session, url: str) -> str:
+    async with session.get(f"{url}/v1/models") as response:
+        body = await response.json(content_type=None) if response.status == 200 else None
+    models = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(models, list) or not models or not isinstance(models[0], dict) or not models[0].get("id"):
+        raise UserError(f"serving: {url}/v1/models named no model; pass model=")
+    return str(models[0]["id"])
+
+
+async def _tokenize(session, target: _Target, prompt: str) -> int | None:
+    """The server's count of `prompt`'s tokens through `POST /tokenize`, None when it has no such route."""
+    async with session.post(f"{target.url}/tokenize", json={"model": target.model, "prompt": prompt}) as response:
+        if response.status in (400, 404, 405, 501):
+            return None
+        body = await response.json(content_type=None)
+    if isinstance(body, dict) and isinstance(body.get("count"), int):
+        return body["count"]
+    if isinstance(body, dict) and isinstance(body.get("tokens"), list):
+        return len(body["tokens"])
+    return None
+
+
+async def _request(session, target: _Target, prompt: str, *, meter: dict[str, float] | None = None) -> Stream:
+    """One streamed request, read line by line; every outcome ends in the returned Stream, errors included.
+
+    With `meter`, the time this client spends on its lines ("handling") and the thread's CPU time are added to it.
+    """
+    aiohttp = _aiohttp()
+    stream = Stream(chat=target.chat)
+    cpu = time.thread_time()
+    stream.start = time.perf_counter()
+    try:
+        async with session.post(
+            target.endpoint, json=target.body(prompt), timeout=aiohttp.ClientTimeout(total=target.timeout)
+        ) as response:
+            if response.status != 200:
+                text = (await response.text(errors="replace"))[:300]
+                stream.fail(f"HTTP {response.status}: {' '.join(text.split())}")
+            else:
+                async for line in response.content:
+                    t = time.perf_counter()
+                    stream.feed(line, t)
+                    if meter is not None:
+                        meter["handling"] += time.perf_counter() - t
+                    if stream.done or stream.error:
+                        break
+    except TimeoutError:
+        stream.fail(f"timed out after {target.timeout:g} s")
+    except (aiohttp.ClientError, OSError) as exc:
+        stream.fail(f"{type(exc).__name__}: {exc}")
+    stream.end = time.perf_counter()
+    if not stream.done and not stream.error:
+        stream.fail("the stream ended before data: [DONE] (connection dropped?)")
+    if meter is not None:
+        meter["cpu"] += time.thread_time() - cpu
+    return stream
+
+
+def _result(index: int, stream: Stream, target: _Target, tokenized: int | None, origin: float) -> RequestResult:
+    usage = stream.usage or {}
+    prompt_tokens = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
+    output_tokens = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else None
+    counts, source = chunk_tokens(stream, output_tokens)
+    problems = []
+    if tokenized is not None and tokenized != target.context:
+        problems.append(f"/tokenize counted {tokenized}")
+    if prompt_tokens is None:
+        problems.append("no usage.prompt_tokens in the response")
+    elif prompt_tokens != target.context:
+        problems.append(f"usage.prompt_tokens is {prompt_tokens}")
+    times = [t for t, _, _ in stream.chunks]
+    first = times[0] - stream.start if times and not stream.error else None
+    return RequestResult(
+        index=index,
+        error=stream.error,
+        context=target.context,
+        max_tokens=target.gen,
+        prompt_tokens=prompt_tokens,
+        tokenized=tokenized,
+        prompt_mismatch=f"meant {target.context} tokens; " + ", ".join(problems) if problems else None,
+        output_tokens=output_tokens,
+        chunks=len(times),
+        frames=stream.frames,
+        chunk_tokens=tuple(counts),
+        token_source=source,
+        start=stream.start - origin,
+        end=stream.end - origin,
+        ttft=first,
+        e2e_latency=stream.end - stream.start if not stream.error else None,
+        itl_chunk=tuple(b - a for a, b in zip(times, times[1:])) if not stream.error else (),
+        itl=tuple(spread(times, counts)) if not stream.error else (),
+    )
+
+
+async def _measured(session, target: _Target, prompts: list[str], plan: dict[str, Any]) -> list[RequestResult]:
+    """The warm-up requests (excluded), then the measured ones at their arrival times, `concurrency` at a time."""
+    tokenized: list[int | None] = []
+    for prompt in prompts:
+        tokenized.append(
+            await _tokenize(session, target, prompt) if not tokenized or tokenized[0] is not None else None
+        )
+    warmup = plan["warmup"]
+    for i in range(warmup):
+        stream = await _request(session, target, prompts[i])
+        if stream.error:
+            print(f"perfkit.serving: warm-up request {i} failed: {stream.error}")
+    gate = asyncio.Semaphore(plan["concurrency"])
+    arrivals = arrival_times(len(prompts) - warmup, plan["rate"], plan["seed"])
+    origin = time.perf_counter()
+
+    async def one(i: int, at: float) -> RequestResult:
+        await asyncio.sleep(max(0.0, origin + at - time.perf_counter()))
+        async with gate:
+            stream = await _request(session, target, prompts[warmup + i])
+        return _result(i, stream, target, tokenized[warmup + i], origin)
+
+    return list(await asyncio.gather(*(one(i, at) for i, at in enumerate(arrivals))))
+
+
+def run(
+    url: str,
+    *,
+    context: int,
+    gen: int,
+    concurrency: int = 1,
+    requests: int | None = None,
+    rate: float | None = None,
+    warmup: int = 1,
+    chat: bool = False,
+    model: str | None = None,
+    timeout: float = TIMEOUT_S,
+    seed: int = 0,
+    text: str | bytes | None = None,
+) -> list[RequestResult]:
+    """Send `requests` streamed requests (4 x `concurrency` when None) of exactly `context` prompt tokens,
+    `gen` tokens each at temperature 0, at most `concurrency` at once, sent at once or as a Poisson
+    process of `rate` requests/s (seeded); `warmup` requests run first and are not returned. Every
+    prompt is different (see make_prompts; `text` is what they are cut from). The prompt length is
+    checked with `POST /tokenize` when the server has it and always against usage.prompt_tokens.
+    """
+    checks = {"context": context, "gen": gen, "concurrency": concurrency, "requests": requests, "warmup": warmup}
+    for name, value in checks.items():
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < (name == "warmup") ^ 1
+        ):
+            raise UserError(f"serving.run: {name} must be a positive integer, got {value!r}")
+    if requests is None:
+        requests = 4 * concurrency
+    arrival_times(0, rate)  # checks the rate
+    url = url.rstrip("/")
+    prompts = make_prompts(warmup + requests, context, seed=seed, text=text, tag=uuid.uuid4().hex[:6])
+    aiohttp = _aiohttp()
+
+    async def go() -> list[RequestResult]:
+        connector = aiohttp.TCPConnector(limit=concurrency + 1)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            target = _Target(url, model or await _first_model(session, url), chat, gen, timeout, context)
+            plan = {"warmup": warmup, "concurrency": concurrency, "rate": rate, "seed": seed}
+            return await _measured(session, target, prompts, plan)
+
+    return _sync(go)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A run in figures: what served, what failed and why, and the run-level throughputs."""
+
+    requests: int
+    completed: int
+    errors: tuple[str, ...]  # one per failed request, in order
+    mismatches: tuple[str, ...]  # one per request whose prompt the server did not count as meant
+    short: int  # completed requests that generated fewer tokens than asked
+    wall_s: float
+    output_tokens: int
+    output_throughput: float  # tok/s
+    request_throughput: float  # req/s
+    token_sources: tuple[str, ...] = field(default=())
+
+    @property
+    def failed(self) -> int:
+        return self.requests - self.completed
+
+    def __str__(self) -> str:
+        text = (
+            f"{self.completed} of {self.requests} requests completed in {self.wall_s:.3f} s: "
+            f"{units.format_number(self.output_throughput)} output tok/s, "
+            f"{units.format_number(self.request_throughput)} req/s"
+        )
+        if self.failed:
+            text += f"; FAILED {self.failed}: " + "; ".join(sorted(set(self.errors))[:3])
+        if self.mismatches:
+            text += f"; PROMPT LENGTH MISMATCH in {len(self.mismatches)}: {self.mismatches[0]}"
+        if self.short:
+            text += f"; {self.short} stopped before max_tokens"
+        return text
+
+
+def summary(results: list[RequestResult]) -> Summary:
+    """The figures of a run's results (the run-level throughputs are defined in this module's docstring)."""
+    ok = [r for r in results if r.ok]
+    wall = max((r.end for r in results), default=0.0) - min((r.start for r in results), default=0.0)
+    tokens = sum(r.output_tokens or 0 for r in ok)
+    return Summary(
+        requests=len(results),
+        completed=len(ok),
+        errors=tuple(f"request {r.index}: {r.error}" for r in results if not r.ok),
+        mismatches=tuple(f"request {r.index}: {r.prompt_mismatch}" for r in ok if r.prompt_mismatch),
+        short=sum(1 for r in ok if r.output_tokens is not None and r.output_tokens < r.max_tokens),
+        wall_s=wall,
+        output_tokens=tokens,
+        output_throughput=tokens / wall if wall > 0 else float("nan"),
+        request_throughput=len(ok) / wall if wall > 0 else float("nan"),
+        token_sources=tuple(sorted({r.token_source for r in ok})),
+    )
+
+
+def _per_request(ok: list[RequestResult]) -> dict[str, tuple[str, list[float]]]:
+    """name -> (unit, samples): one sample per completed request, or per chunk / token for the ITLs."""
+    ms = 1e3
+    return {
+        "ttft": ("ms", [r.ttft * ms for r in ok if r.ttft is not None]),
+        "tpot": ("ms", [r.tpot * ms for r in ok if r.tpot is not None]),
+        "e2e_latency": ("ms", [r.e2e_latency * ms for r in ok if r.e2e_latency is not None]),
+        "itl": ("ms", [x * ms for r in ok for x in r.itl]),
+        "itl_chunk": ("ms", [x * ms for r in ok for x in r.itl_chunk]),
+        "prefill_tok_s": ("tok/s", [r.prefill_tok_s for r in ok if r.prefill_tok_s is not None]),
+        "decode_tok_s": ("tok/s", [r.decode_tok_s for r in ok if r.decode_tok_s is not None]),
+        "output_tokens": ("tok", [float(r.output_tokens) for r in ok if r.output_tokens is not None]),
+    }
+
+
+def record(results: list[RequestResult], *, at: dict[str, Any] | None = None, prefix: str = "") -> Summary:
+    """Record a run as perfkit samples under `prefix` + the names of this module's docstring; its Summary.
+
+    One sample per completed request (ttft, tpot, e2e_latency, prefill_tok_s, decode_tok_s,
+    output_tokens), one per token (itl) and per text chunk (itl_chunk), one per run for
+    output_throughput, request_throughput and failed_requests (recorded first, and always, with the
+    errors in its note). Prompt length mismatches are in every note. When no request completed this
+    raises, so the probe's cell fails: a run that measured nothing is never "fine".
+    """
+    if not results:
+        raise UserError("serving.record: no results to record (run() sent no request?)")
+    s = summary(results)
+    warn = f"; PROMPT LENGTH MISMATCH in {len(s.mismatches)} requests: {s.mismatches[0]}" if s.mismatches else ""
+    failures = "; ".join(s.errors[:3]) + (f" (and {s.failed - 3} more)" if s.failed > 3 else "")
+    recording.record(
+        f"{prefix}failed_requests",
+        [s.failed],
+        unit="count",
+        at=at,
+        note=f"{s.failed} of {s.requests} requests FAILED: {failures}" if s.failed else f"none of {s.requests} failed",
+    )
+    if not s.completed:
+        raise UserError(f"serving: all {s.requests} requests failed; {s.errors[0]}")
+    base = f"{s.completed} completed requests{warn}"
+    for name, (unit, samples) in _per_request([r for r in results if r.ok]).items():
+        note = base
+        if name == "itl":
+            note += f"; each chunk's gap spread over its tokens (tokens per chunk from {', '.join(s.token_sources)})"
+        recording.record(prefix + name, samples, unit=unit, at=at, note=note)
+    note = f"{s.output_tokens} tokens of {s.completed} requests in {s.wall_s:.3f} s{warn}"
+    recording.record(f"{prefix}output_throughput", [s.output_throughput], unit="tok/s", at=at, note=note)
+    recording.record(f"{prefix}request_throughput", [s.request_throughput], unit="req/s", at=at, note=note)
+    return s
+
+
+async def _bare(session, target: _Target, prompt: str, meter: dict[str, float]) -> None:
+    """The same request read by a bare aiohttp loop that only counts `data:` lines."""
+    aiohttp = _aiohttp()
+    cpu = time.thread_time()
+    async with session.post(
+        target.endpoint, json=target.body(prompt), timeout=aiohttp.ClientTimeout(total=target.timeout)
+    ) as response:
+        if response.status != 200:
+            raise UserError(f"serving.overhead: HTTP {response.status} from {target.endpoint}")
+        async for line in response.content:
+            t = time.perf_counter()
+            if line.startswith(b"data:") and not line.startswith(b"data: [DONE]"):
+                meter["frames"] += 1
+            meter["handling"] += time.perf_counter() - t
+    meter["cpu"] += time.thread_time() - cpu
+
+
+def overhead(
+    url: str, *, requests: int = 8, gen: int = 64, context: int = 64, chat: bool = False, model: str | None = None
+) -> dict[str, Any]:
+    """This client's own cost per frame beside a bare aiohttp read of the same streams, in one run.
+
+    Each of `requests` prompts is sent twice, one at a time: read by run()'s reader and by a loop
+    that only counts `data:` lines, alternating which goes first. Per reader: the frames read, this
+    thread's CPU time per frame and the time spent on the lines themselves per frame (us);
+    `overhead_us_per_frame` is the difference in CPU per frame; `text` says it all in one line.
+    """
+    if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
+        raise UserError(f"serving.overhead: requests must be a positive integer, got {requests!r}")
+    prompts = make_prompts(requests, context, tag=uuid.uuid4().hex[:6])
+    aiohttp = _aiohttp()
+    client = {"frames": 0.0, "chunks": 0.0, "cpu": 0.0, "handling": 0.0}
+    bare = {"frames": 0.0, "cpu": 0.0, "handling": 0.0}
+
+    async def go() -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2)) as session:
+            target = _Target(url.rstrip("/"), model or await _first_model(session, url.rstrip("/")), chat, gen, 600, 0)
+            for i, prompt in enumerate(prompts):
+                for reader in ("client", "bare") if i % 2 == 0 else ("bare", "client"):
+                    if reader == "bare":
+                        await _bare(session, target, prompt, bare)
+                        continue
+                    stream = await _request(session, target, prompt, meter=client)
+                    if stream.error:
+                        raise UserError(f"serving.overhead: request {i} failed: {stream.error}")
+                    client["frames"] += stream.frames
+                    client["chunks"] += len(stream.chunks)
+
+    _sync(go)
+
+    def per_frame(m: dict[str, float]) -> dict[str, float]:
+        frames = max(m["frames"], 1.0)
+        return {
+            "frames": int(m["frames"]),
+            "cpu_us_per_frame": m["cpu"] / frames * 1e6,
+            "handling_us_per_frame": m["handling"] / frames * 1e6,
+        }
+
+    out: dict[str, Any] = {"requests": requests, "client": per_frame(client), "bare": per_frame(bare)}
+    out["client"]["text_chunks"] = int(client["chunks"])
+    out["overhead_us_per_frame"] = out["client"]["cpu_us_per_frame"] - out["bare"]["cpu_us_per_frame"]
+    c, b = out["client"], out["bare"]
+    out["text"] = (
+        f"perfkit.serving reads a frame in {c['cpu_us_per_frame']:.1f} us of CPU ({c['handling_us_per_frame']:.1f} us "
+        f"in its own rules), a bare aiohttp read in {b['cpu_us_per_frame']:.1f} us ({b['handling_us_per_frame']:.1f}"
+        f" us); {c['frames']} and {b['frames']} frames of {requests} requests each"
+    )
+    return out
