@@ -1,4 +1,4 @@
-"""`perfkit engine bench|benchmarks|train`: the engine's command line.
+"""`perfkit engine bench|benchmarks|serve|train`: the engine's command line.
 
 The top-level `perfkit` command hands `perfkit engine <rest>` to `main`; it also runs
 as `python -m perfkit.engine.cli <rest>`. Exit status: 0 success, 2 a usage or user error.
@@ -63,10 +63,41 @@ def _parser() -> argparse.ArgumentParser:
     )
     m.add_argument("--json", action="store_true")
 
+    _serve_parser(sub, MODES, DTYPES, PRESETS)
+
     sub.add_parser(
         "train", help="train the shipped target and drafter (deterministic); see `train --help`", add_help=False
     )
     return top
+
+
+def _serve_parser(sub, modes, dtypes, presets) -> None:
+    from perfkit.kernels import tree_build, verify_mask
+
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over tensor-parallel rank processes")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, one process each")
+    s.add_argument("--preset", choices=presets, default="shipped")
+    s.add_argument("--mode", choices=modes, default="spec")
+    s.add_argument("--budget", type=int, default=32, help="draft tree nodes per step")
+    s.add_argument("--mask", choices=tuple(verify_mask.BUILDERS), default="compact")
+    s.add_argument("--tree", choices=tuple(tree_build.BUILDERS), default="vectorized")
+    s.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    s.add_argument("--dtype", choices=tuple(dtypes), default="fp32")
+    s.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads per rank (default: OMP_NUM_THREADS, else the CPUs, over tp)",
+    )
+    s.add_argument(
+        "--chunk", choices=("step", "token"), default="step", help="a streamed chunk per decode step or per token"
+    )
+    s.add_argument("--max-batch", type=int, default=8, help="most requests decoded in one batch")
+    s.add_argument(
+        "--batch-wait-ms", type=float, default=5.0, help="how long a batch waits for more requests to join it"
+    )
 
 
 def _positive(name: str, value: int) -> None:
@@ -121,6 +152,15 @@ def main(argv: list[str]) -> int:
             record = run_benchmarks(quick=args.quick, device=args.device, only=tuple(args.only or SECTIONS))
             print(json.dumps(record, indent=1, sort_keys=True) if args.json else format_benchmarks(record))
             return 0
+        if args.command == "serve":
+            from perfkit.engine.serve import serve
+
+            for name in ("tp", "budget", "max_batch"):
+                _positive(name.replace("_", "-"), getattr(args, name))
+            if args.port < 0 or not args.batch_wait_ms >= 0:
+                raise UserError("--port and --batch-wait-ms must be >= 0")
+
+            return serve(args)
         raise AssertionError(f"unhandled command {args.command}")
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -36,7 +36,7 @@ from perfkit.kernels import tree_build, verify_mask
 from perfkit.phases import STEP
 from perfkit.probe.spans import span
 
-__all__ = ["Engine", "GenerateResult", "PREFILL_CHUNK", "APPROX_HEAD", "APPROX_TAIL"]
+__all__ = ["Engine", "GenerateResult", "PREFILL_CHUNK", "APPROX_HEAD", "APPROX_TAIL", "growth"]
 
 PREFILL_CHUNK = 512  # prefill tokens per forward: memory O(chunk * context), not O(context^2)
 APPROX_HEAD = 256  # approximate fill: tokens prefilled for real at the start, then tiled
@@ -44,6 +44,14 @@ APPROX_TAIL = 64  # approximate fill: last tokens prefilled for real over the fi
 
 MODES = ("spec", "ar")
 FILLS = ("prefill", "approx")
+
+
+def growth(mode: str, max_new_tokens: int, budget: int, block: int) -> int:
+    """Positions a request may need past its prefix (a prompt fits when its length + this + 1 is at
+    most max_seq_len). The batch steps until its slowest request has max_new_tokens; meanwhile a
+    fast one commits up to block + 1 tokens a step (at most max_new_tokens steps), and a step writes
+    its whole tree after what is committed."""
+    return (block + 1) * max_new_tokens + block + 1 + budget + 1 if mode == "spec" else max_new_tokens + 1
 
 
 @dataclass
@@ -134,6 +142,7 @@ class Engine:
         fill: str = "prefill",
         temperature: float = 0.0,
         seed: int = 0,
+        on_step=None,
     ) -> GenerateResult:
         """Generation of `max_new_tokens` per prompt: greedy at `temperature` 0, else sampled
         with noise keyed on (`seed`, request, position), so spec and AR give the same tokens.
@@ -145,6 +154,8 @@ class Engine:
         APPROX_HEAD and last APPROX_TAIL tokens and fills the slots between with copies of the
         first ones: the cache has the right size (attention costs are real) but not the right
         contents, for timing long contexts on a CPU in seconds. Needs equal prefix lengths.
+        `on_step`: called with the tokens each request gained (list[list[int]], never past
+        max_new_tokens) after the first token and after every decode step, for streaming.
         """
         prefixes = self._prefixes(prompts, context)
         self._check(prefixes, max_new_tokens, mode, budget, tree, mask, fill)
@@ -174,9 +185,7 @@ class Engine:
             o.append(t)
         t1 = time.perf_counter()
 
-        step = self._spec_step if mode == "spec" else self._ar_step
-        while min(len(o) for o in st.out) < max_new_tokens:
-            step(st, budget=budget, tree=tree, mask=mask)
+        self._decode(st, mode, max_new_tokens, dict(budget=budget, tree=tree, mask=mask), on_step)
         t2 = time.perf_counter()
         tokens = [o[:max_new_tokens] for o in st.out]
         return GenerateResult(
@@ -199,6 +208,19 @@ class Engine:
             temperature=float(temperature),
             seed=seed,
         )
+
+    def _decode(self, st: _State, mode: str, max_new_tokens: int, options: dict, on_step):
+        """Decode steps until every request has max_new_tokens, handing each step's new tokens
+        (and first the prefill's) to `on_step` when given."""
+        step = self._spec_step if mode == "spec" else self._ar_step
+        sent = [0] * len(st.out)  # tokens handed to on_step so far, per request
+        while True:
+            if on_step is not None:
+                on_step([o[n:max_new_tokens] for o, n in zip(st.out, sent)])
+                sent = [min(len(o), max_new_tokens) for o in st.out]
+            if min(len(o) for o in st.out) >= max_new_tokens:
+                return
+            step(st, **options)
 
     # --- argument handling ---------------------------------------------------------------------
 
@@ -246,11 +268,7 @@ class Engine:
             )
 
     def _growth(self, mode: str, max_new_tokens: int, budget: int) -> int:
-        """Positions a request may need past its prefix. The batch steps until its slowest request
-        has max_new_tokens; meanwhile a fast one commits up to block + 1 tokens a step (at most
-        max_new_tokens steps), and a step writes its whole tree after what is committed."""
-        k = self.drafter.config.block
-        return (k + 1) * max_new_tokens + k + 1 + budget + 1 if mode == "spec" else max_new_tokens + 1
+        return growth(mode, max_new_tokens, budget, self.drafter.config.block)
 
     # --- filling the cache -----------------------------------------------------------------------
 

@@ -152,6 +152,7 @@ class Attention(nn.Module):
         h, g, e, d = config.n_heads, config.n_kv_heads, config.head_dim, config.d_model
         self.wqkv = nn.Linear(d, (h + 2 * g) * e, bias=False)
         self.wo = nn.Linear(h * e, d, bias=False)
+        self.tp = None  # tensor parallel: sums wo's partial output over the ranks (perfkit.engine.tp)
 
     def _project(self, x, cos, sin):
         c = self.config
@@ -170,14 +171,16 @@ class Attention(nn.Module):
         keys = cache.kv[layer, 0, :, :, :kv_len]  # [B, G, S, E]
         values = cache.kv[layer, 1, :, :, :kv_len]
         out = attend(xq, keys, values, bias)  # [B, H, Q, E]
-        return self.wo(out.transpose(1, 2).reshape(b, q, -1))
+        out = self.wo(out.transpose(1, 2).reshape(b, q, -1))  # [B, Q, D]
+        return out if self.tp is None else self.tp(out)
 
     def forward_sequence(self, x, cos, sin):
         """x: [B, T, D] with plain causal attention (training and drafter data)."""
         b, t, _ = x.shape
         xq, xk, xv = self._project(x, cos, sin)
         out = F.scaled_dot_product_attention(xq, xk, xv, is_causal=True, enable_gqa=True)
-        return self.wo(out.transpose(1, 2).reshape(b, t, -1))
+        out = self.wo(out.transpose(1, 2).reshape(b, t, -1))
+        return out if self.tp is None else self.tp(out)
 
 
 class SwiGLU(nn.Module):
@@ -185,10 +188,12 @@ class SwiGLU(nn.Module):
         super().__init__()
         self.w13 = nn.Linear(d_model, 2 * d_ff, bias=False)
         self.w2 = nn.Linear(d_ff, d_model, bias=False)
+        self.tp = None  # as Attention.tp, for w2's output (unset in MoE experts: the MoE sums once)
 
     def forward(self, x):
         gate, up = self.w13(x).chunk(2, dim=-1)
-        return self.w2(F.silu(gate) * up)
+        out = self.w2(F.silu(gate) * up)
+        return out if self.tp is None else self.tp(out)
 
 
 class MoE(nn.Module):
@@ -201,6 +206,7 @@ class MoE(nn.Module):
         self.router = nn.Linear(config.d_model, config.n_experts, bias=False)
         self.experts = nn.ModuleList(SwiGLU(config.d_model, config.d_ff) for _ in range(config.n_experts))
         self.touched = None
+        self.tp = None  # as Attention.tp, for the combined output of the experts
 
     def forward(self, x):
         shape = x.shape
@@ -214,7 +220,8 @@ class MoE(nn.Module):
         for e in counts.nonzero().flatten().tolist():
             token, slot = torch.where(chosen == e)
             out.index_add_(0, token, self.experts[e](flat[token]) * weights[token, slot, None])
-        return out.view(shape)
+        out = out.view(shape)
+        return out if self.tp is None else self.tp(out)
 
 
 class Block(nn.Module):

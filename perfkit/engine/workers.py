@@ -1,0 +1,483 @@
+"""Rank processes: the engine behind `perfkit engine serve`, one process per tensor-parallel rank.
+
+    workers = Workers(tp=2, preset="shipped")
+    workers.start()                                   # returns at once; the ranks load in parallel
+    workers.wait_ready(timeout=120)
+    summary = workers.generate([[104, 105]], max_new_tokens=32, on_tokens=print)
+    workers.close()
+
+Each rank is a `python -c` process with RANK, WORLD_SIZE and LOCAL_RANK in its environment (so its
+profile lines say `rank=R`), its share of the CPU threads, the same engine (`load_engine(preset,
+seed=0)`, then `tp.shard`) and a pipe to the parent. A job goes to every rank over its own pipe
+rather than through a collective, because an idle rank waiting in a collective would hit the
+group's timeout. Every rank runs `Engine.generate` with the same arguments; rank 0 sends each
+step's tokens, then every rank says it is done (rank 0 with the summary).
+
+A dead rank never hangs the parent: the parent waits on every rank's pipe at once, a pipe closes
+when its rank dies (killed, out of memory, crashed), and the parent then kills the others (they
+would wait in an all-reduce) and raises RankDied; later calls raise at once. A rank's exception
+comes back with its message; when every rank raised it before entering any collective, the workers
+stay usable. Ranks exit when the parent dies (a thread watches the parent pid).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from multiprocessing import connection
+from pathlib import Path
+
+from perfkit.engine.bench import APPROX_FROM
+from perfkit.errors import PerfkitError, UserError
+
+__all__ = ["Workers", "RankError", "RankDied", "COLLECTIVE_TIMEOUT_S"]
+
+COLLECTIVE_TIMEOUT_S = 120.0  # a rank gives up on a peer that has not joined a collective after this
+ERROR_GRACE_S = 10.0  # after one rank reports an error, how long the others have to report theirs
+PEER_DEATH_S = 1.0  # how long a rank's collective error waits for a peer's death to show
+MODES = ("spec", "ar")
+FILLS = ("auto", "prefill", "approx")
+_RANK_CODE = "from perfkit.engine.workers import _rank_main; _rank_main()"
+
+
+class RankError(PerfkitError):
+    """A rank failed; the message names it and says why."""
+
+
+class RankDied(RankError):
+    """A rank process exited, e.g. "rank 1 (pid 1234) died: killed by SIGKILL"."""
+
+
+class Workers:
+    """`tp` rank processes serving one engine; one `generate` at a time. `identity` says which engine:
+    preset, tp, mode, budget, mask, tree (Engine.generate's builders), device, dtype, fill, version."""
+
+    def __init__(
+        self,
+        *,
+        tp: int = 1,
+        preset: str = "shipped",
+        device: str = "cpu",
+        dtype: str = "fp32",
+        mode: str = "spec",
+        budget: int = 32,
+        threads: int | None = None,
+        fill: str = "auto",
+        mask: str = "compact",
+        tree: str = "vectorized",
+        stderr=None,
+    ):
+        from perfkit import __version__
+        from perfkit.kernels import tree_build, verify_mask
+
+        for name, value in (("tp", tp), ("budget", budget), ("threads", 1 if threads is None else threads)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UserError(f"{name} must be a positive int, got {value!r}")
+        if mode not in MODES:
+            raise UserError(f"mode must be one of {MODES}, got {mode!r}")
+        if fill not in FILLS:
+            raise UserError(f"fill must be one of {FILLS}, got {fill!r}")
+        if mask not in verify_mask.BUILDERS:
+            raise UserError(f"mask must be one of {tuple(verify_mask.BUILDERS)}, got {mask!r}")
+        if tree not in tree_build.BUILDERS:
+            raise UserError(f"tree must be one of {tuple(tree_build.BUILDERS)}, got {tree!r}")
+        self.tp = tp
+        self.fill = fill
+        self.identity = dict(
+            preset=preset,
+            tp=tp,
+            mode=mode,
+            budget=budget,
+            mask=mask,
+            tree=tree,
+            device=str(device),
+            dtype=dtype,
+            fill=fill,
+            version=__version__,
+        )
+        self.limits: dict = {}  # rank 0's model limits once ready: max_seq_len, block (see max_prompt_tokens)
+        self.threads = threads or max(1, _threads() // tp)
+        self.identity["threads"] = self.threads  # per rank
+        self._stderr = stderr
+        self._procs: list[subprocess.Popen] = []
+        self._conns: list[connection.Connection] = []
+        self._ready: set[int] = set()
+        self._lock = threading.Lock()  # one job (or start-up wait) at a time
+        self._fail_lock = threading.Lock()
+        self._dead: str | None = None
+        self._dead_as: type[Exception] = RankDied
+
+    # --- life cycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the rank processes and return at once (they import torch and load in parallel)."""
+        if self._procs:
+            raise UserError("these workers were already started")
+        port = _free_port() if self.tp > 1 else 0
+        root = str(Path(__file__).resolve().parents[2])  # the directory holding the perfkit package
+        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+        out = self._stderr if self._stderr is not None else 2  # ranks print nothing on our stdout
+        for rank in range(self.tp):
+            mine, theirs = connection.Pipe()
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(self.tp), LOCAL_RANK=str(rank), PYTHONPATH=path)
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            if self.identity["device"] == "cpu":
+                env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host
+            config = dict(self.identity, rank=rank, fd=theirs.fileno(), parent=os.getpid(), threads=self.threads)
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _RANK_CODE, json.dumps(config)],
+                env=env,
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=self._stderr,
+            )
+            theirs.close()
+            self._procs.append(proc)
+            self._conns.append(mine)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until every rank has loaded and the group has formed. A rank that failed raises
+        its error (UserError for a bad preset, device or --tp) or RankDied; not ready within
+        `timeout` seconds is a UserError (the ranks keep loading; close() stops them)."""
+        if not self._procs:
+            raise UserError("start() the workers before waiting for them")
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            self._raise_if_dead()
+            while len(self._ready) < self.tp:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise UserError(f"{len(self._ready)} of {self.tp} ranks ready after {timeout:g} s")
+                for rank, message in self._receive(left):
+                    self._starting(rank, message)
+
+    def _starting(self, rank: int, message: tuple) -> None:
+        if message[0] == "ready":
+            self._ready.add(rank)
+            if rank == 0:
+                self.limits = {key: message[1][key] for key in ("max_seq_len", "block")}
+        elif message[0] == "error":
+            self._rank_failed(rank, message, during="start-up")
+
+    def max_prompt_tokens(self, max_new_tokens: int) -> int:
+        """The longest prompt that leaves room for `max_new_tokens` (Engine.generate's rule); needs ready."""
+        from perfkit.engine.decode import growth
+
+        mode, budget = self.identity["mode"], self.identity["budget"]
+        return self.limits["max_seq_len"] - 1 - growth(mode, max_new_tokens, budget, self.limits["block"])
+
+    @property
+    def ready(self) -> bool:
+        """All ranks loaded and the group formed (does not block)."""
+        if self._procs and len(self._ready) < self.tp and self._dead is None and self._lock.acquire(blocking=False):
+            try:
+                for rank, message in self._receive(0):
+                    self._starting(rank, message)
+            except PerfkitError:
+                pass  # recorded in self.dead
+            finally:
+                self._lock.release()
+        return self.dead is None and len(self._ready) == self.tp
+
+    @property
+    def dead(self) -> str | None:
+        """Why the workers are unusable (a rank died, failed, or close() was called); None while fine."""
+        if self._dead is None:
+            for rank, proc in enumerate(self._procs):
+                if proc.poll() is not None:
+                    self._fail(self._death(rank), RankDied)
+                    break
+        return self._dead
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def close(self, grace: float = 5.0) -> None:
+        """SIGTERM every rank, SIGKILL those still there after `grace` seconds; idempotent."""
+        if self._dead is None:
+            self._fail("the workers were closed", RankError, kill=False)
+        _terminate(self._procs, grace)
+        for conn in self._conns:
+            conn.close()
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- generation -------------------------------------------------------------------------------
+
+    def generate(
+        self, prompts: list[list[int]], *, max_new_tokens: int, on_tokens, temperature: float = 0.0, seed: int = 0
+    ) -> dict:
+        """Greedy (temperature 0) or seeded sampled generation on every rank; blocks until done.
+
+        `on_tokens(list[list[int]])` is called in this thread with the tokens each request gained,
+        after the first token and after every decode step. Returns the summary: tokens, steps,
+        accept_lengths, prefill_s, ttft_s, decode_s, decode_tok_s, fill, prompt_tokens,
+        generated_tokens, experts_touched. With fill "auto", prompts of APPROX_FROM tokens or more
+        use the approximate fill, which needs prompts of equal length."""
+        job = dict(
+            prompts=prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, fill=self._fill(prompts)
+        )
+        with self._lock:
+            self._raise_if_dead()
+            if len(self._ready) < self.tp:
+                raise UserError("the workers are not ready yet (wait_ready first)")
+            for rank, conn in enumerate(self._conns):
+                try:
+                    conn.send(("job", job))
+                except OSError:
+                    self._raise_died(rank)
+            return self._collect(on_tokens)
+
+    def _fill(self, prompts) -> str:
+        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, list) and p for p in prompts):
+            raise UserError("prompts must be a non-empty list of non-empty token lists")
+        lengths = sorted({len(p) for p in prompts})
+        fill = self.fill if self.fill != "auto" else ("approx" if lengths[-1] >= APPROX_FROM else "prefill")
+        if fill == "approx" and len(lengths) > 1:
+            raise UserError(
+                f"the approximate fill (--fill auto from {APPROX_FROM} prompt tokens on) needs prompts of "
+                f"equal length, got lengths {lengths[0]}..{lengths[-1]}: send them in separate batches"
+            )
+        return fill
+
+    def _collect(self, on_tokens) -> dict:
+        """Messages of one job until every rank is done; step tokens go to on_tokens."""
+        done: dict[int, dict | None] = {}
+        errors: dict[int, tuple] = {}
+        first_error = None
+        callback_error = None
+        while len(done) + len(errors) < self.tp:
+            wait = None if first_error is None else max(0.0, first_error + ERROR_GRACE_S - time.monotonic())
+            got = self._receive(wait)
+            if not got and first_error is not None:
+                break  # a rank raised and another did not: it may be waiting in a collective
+            for rank, message in got:
+                if message[0] == "step" and callback_error is None:
+                    try:
+                        on_tokens(message[1])
+                    except Exception as exc:  # keep reading the job's messages, then re-raise
+                        callback_error = exc
+                elif message[0] == "done":
+                    done[rank] = message[1]
+                elif message[0] == "error":
+                    errors[rank] = message
+                    first_error = first_error or time.monotonic()
+                    if not message[4]:  # it had entered a collective: its peers are stuck
+                        self._rank_failed(rank, message, during="generation")
+        if errors:
+            rank = min(errors)
+            if len(errors) < self.tp or not all(m[4] for m in errors.values()):
+                self._rank_failed(rank, errors[rank], during="generation")
+            raise _error(errors[rank])
+        if callback_error is not None:
+            raise callback_error
+        return done[0]
+
+    # --- messages and failures --------------------------------------------------------------------
+
+    def _receive(self, timeout: float | None) -> list[tuple[int, tuple]]:
+        """(rank, message) for each message that arrives within `timeout`; RankDied when a rank's
+        pipe closes (its process ended)."""
+        try:
+            ready = connection.wait(self._conns, timeout)
+        except (OSError, ValueError):  # closed under us by close()
+            raise self._dead_as(self._dead or "the workers were closed") from None
+        got = []
+        for conn in ready:
+            rank = self._conns.index(conn)
+            try:
+                got.append((rank, conn.recv()))
+            except (EOFError, OSError):
+                self._raise_died(rank)
+        return got
+
+    def _death(self, rank: int) -> str:
+        proc = self._procs[rank]
+        try:
+            code = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # its pipe closed but it lingers
+            proc.kill()
+            code = proc.wait()
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        return f"rank {rank} (pid {proc.pid}) died: {how}"
+
+    def _raise_died(self, rank: int):
+        self._fail(self._death(rank), RankDied)
+        raise self._dead_as(self._dead)
+
+    def _rank_failed(self, rank: int, message: tuple, *, during: str):
+        """A rank's error left the group unusable: record it, stop every rank, raise it. When a
+        peer was killed (the error is then only its echo: a collective lost that peer), the peer's
+        death is what is raised."""
+        deadline = time.monotonic() + (0.0 if message[1] else PEER_DEATH_S)  # a UserError is never an echo
+        while True:
+            killed = [r for r, p in enumerate(self._procs) if r != rank and (p.poll() or 0) < 0]
+            if killed:
+                self._raise_died(killed[0])
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        pid = self._procs[rank].pid
+        self._fail(
+            f"rank {rank} (pid {pid}) failed during {during}: {message[2]}", UserError if message[1] else RankError
+        )
+        raise _error(message, f"rank {rank} (pid {pid}): ")
+
+    def _fail(self, reason: str, kind: type[Exception], *, kill: bool = True) -> None:
+        with self._fail_lock:
+            if self._dead is None:
+                self._dead, self._dead_as = reason, kind
+        if kill:
+            for proc in self._procs:
+                if proc.poll() is None:
+                    proc.kill()
+            for proc in self._procs:
+                proc.wait()
+
+    def _raise_if_dead(self) -> None:
+        if self.dead is not None:
+            raise self._dead_as(self._dead)
+
+
+def _error(message: tuple, prefix: str = "") -> Exception:
+    """The parent's exception for a rank's ("error", is_user, text, traceback, usable) message."""
+    _, user, text, trace, _ = message
+    return UserError(prefix + text) if user else RankError(f"{prefix}{text}\n{trace}".rstrip())
+
+
+def _terminate(procs: list[subprocess.Popen], grace: float) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _threads() -> int:
+    """The CPU threads the ranks share: OMP_NUM_THREADS when set (perfkit sets it for every replicate
+    of a probe, so a server the probe starts uses the same count), else this process's CPUs."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    return int(given) if given.isdigit() and int(given) > 0 else len(os.sched_getaffinity(0))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- inside a rank process -------------------------------------------------------------------------
+
+
+def _rank_main() -> None:
+    """A rank's life: load, shard, join the group, say ready, then run jobs until told to stop."""
+    config = json.loads(sys.argv[1])
+    conn = connection.Connection(config["fd"])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # exit normally: profile summaries print
+    _watch_parent(config["parent"])
+    try:
+        engine, reduce = _load(config)
+    except Exception as exc:
+        conn.send(("error", *_describe(exc), True))
+        sys.exit(1)
+    limits = {"max_seq_len": engine.target.config.max_seq_len, "block": engine.drafter.config.block}
+    conn.send(("ready", {"pid": os.getpid(), "device": str(engine.device), **limits}))
+    _serve(conn, engine, reduce, config)
+
+
+def _load(config: dict):
+    import torch
+
+    from perfkit.engine import tp
+    from perfkit.engine.checkpoints import load_engine
+
+    torch.set_num_threads(config["threads"])
+    rank, world = config["rank"], config["tp"]
+    device = tp.local_device(config["device"], world)
+    engine = load_engine(config["preset"], device=device, dtype=config["dtype"], seed=0)
+    reduce = tp.AllReduce() if world > 1 else None
+    tp.shard(engine, rank, world, reduce=reduce)
+    if world > 1:
+        tp.init_group(rank, world, device, timeout_s=COLLECTIVE_TIMEOUT_S)
+        reduce(torch.zeros(1, device=device))  # the group works both ways before anyone says ready
+    return engine, reduce
+
+
+def _serve(conn, engine, reduce, config: dict) -> None:
+    first = config["rank"] == 0
+    while True:
+        try:
+            kind, job = conn.recv()
+        except EOFError:
+            return
+        if kind == "stop":
+            return
+        entered = reduce.calls if reduce is not None else 0
+        try:
+            result = engine.generate(
+                job["prompts"],
+                max_new_tokens=job["max_new_tokens"],
+                mode=config["mode"],
+                budget=config["budget"],
+                tree=config["tree"],
+                mask=config["mask"],
+                fill=job["fill"],
+                temperature=job["temperature"],
+                seed=job["seed"],
+                on_step=(lambda tokens: conn.send(("step", tokens))) if first else None,
+            )
+        except Exception as exc:
+            usable = reduce is None or reduce.calls == entered  # no peer waits on us in a collective
+            conn.send(("error", *_describe(exc), usable))
+            if not usable:
+                sys.exit(1)
+            continue
+        conn.send(("done", _summary(result) if first else None))
+
+
+def _describe(exc: Exception) -> tuple[bool, str, str]:  # a message is ("error", *these, usable)
+    """(is a UserError, message, traceback) of an exception, for the parent."""
+    if isinstance(exc, UserError):
+        return True, str(exc), ""
+    return False, f"{type(exc).__name__}: {exc}", traceback.format_exc()
+
+
+def _summary(result) -> dict:
+    keys = ("tokens", "steps", "accept_lengths", "prefill_s", "ttft_s", "decode_s", "decode_tok_s", "fill")
+    summary = {key: getattr(result, key) for key in keys}
+    summary.update(
+        prompt_tokens=result.prompt_tokens,
+        generated_tokens=result.generated_tokens,
+        experts_touched=result.experts_touched,
+    )
+    return summary
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit when the parent process is gone (this process is then re-parented)."""
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="perfkit-parent-watch", daemon=True).start()
