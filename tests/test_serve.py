@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 
@@ -297,3 +298,24 @@ def test_a_killed_rank_fails_requests_at_once_and_health_says_why(token_server):
     assert status == 503 and "SIGKILL" in body["reason"]
     assert not any(_alive(pid) for pid in pids)
     assert token_server["process"].poll() is None  # the server stays up to say why
+
+
+def test_a_server_stops_when_the_probe_that_started_it_is_killed(tmp_path):
+    """A probe's kernel killed outright runs no cleanup: the server (in a session of its own) sees
+    its parent go and stops itself and its ranks."""
+    code = (
+        "import sys, time\nfrom perfkit.probe.servers import Server\n"
+        "s = Server(tp=2, preset='tiny-random', log_dir=sys.argv[1]).start()\n"
+        "print(s.pid, *s.identity()['engine']['pids'], flush=True)\ntime.sleep(600)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in child.stdout.readline().split()]
+    finally:
+        child.kill()
+        child.wait()
+    assert len(pids) == 3 and all(_alive(p) for p in pids[1:])
+    deadline = time.monotonic() + 20
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [p for p in pids if _alive(p)] == []
