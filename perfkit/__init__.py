@@ -15,6 +15,7 @@ _PUBLIC = {
     "record": "perfkit.probe.recording",
     "record_breakdown": "perfkit.probe.recording",
     "record_profile_lines": "perfkit.probe.recording",
+    "profile_window": "perfkit.probe.logsources",
     "span": "perfkit.probe.spans",
     "timed": "perfkit.probe.spans",
     "capture": "perfkit.probe.spans",

@@ -120,3 +120,60 @@ def test_the_server_is_stored_upgraded_and_shown_in_the_ledger(tmp_path):
     del old["server"]
     upgraded = results._7_to_8({"hypotheses": [{"executions": [old]}]})
     assert upgraded["hypotheses"][0]["executions"][0]["server"] is None
+
+
+SERVING = (
+    "served-prepare-for-verify-under-1ms",
+    "served-ttft-linear-in-context",
+    "served-concurrency-4-doubles-throughput",
+)
+
+
+def _servers() -> set[int]:
+    """Pids of `perfkit engine serve` processes and their ranks on this machine."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = stat.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            b"serve" in words
+            and any(w.endswith(b"perfkit.engine.cli") for w in words)
+            or any(b"perfkit.engine.workers" in w for w in words)
+        ):
+            found.add(int(stat.parent.name))
+    return found
+
+
+def test_perfkit_run_judges_the_serving_hypotheses_against_a_server_it_starts(tmp_path, monkeypatch):
+    """The shipped probe starts `perfkit engine serve --tp 2`, drives it over HTTP, reads its ranks'
+    profile lines over the long phase, and stops it; each serving hypothesis gets a verdict from it."""
+    import shutil
+
+    from records import run
+
+    from perfkit.experiment import schedule
+
+    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)  # tests run beside
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "hypotheses").mkdir()
+    for name in SERVING:
+        shutil.copy(root / "hypotheses" / f"{name}.yaml", tmp_path / "hypotheses")
+    shutil.copytree(root / "notebooks", tmp_path / "notebooks")
+    before = _servers()
+    small = {"ttft_contexts": [256, 512, 1024], "ttft_gen": 4, "concurrency_ctx": 64, "concurrency_gen": 8}
+    small |= {"long_gen": 8}  # five requests, waves and windows: the fewest samples a verdict takes
+    lines: list[str] = []
+    report = run(
+        Project(tmp_path), ids=list(SERVING), replicates=1, max_replicates=1, overrides=small, out=lines.append
+    )
+    got = {h.id: h for h in report.results.hypotheses}
+    assert set(got) == set(SERVING)
+    for h in got.values():
+        assert h.verdict in ("confirmed", "refuted", "inconclusive"), (h.id, h.verdict, h.reason, lines[-20:])
+    (execution,) = {e.key: e for h in got.values() for e in h.executions}.values()  # one execution serves all three
+    assert execution.server == served.STARTED
+    floor = got["served-prepare-for-verify-under-1ms"]
+    assert floor.measured is not None and floor.measured.value > 0, floor.reason  # the ranks' lines, long phase
+    assert _servers() - before == set()  # the server and its ranks are gone

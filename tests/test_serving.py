@@ -9,14 +9,16 @@ the server's sleeps, so what the client measures is known.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
+import time
 
 import pytest
 
 from perfkit.errors import UserError
 from perfkit.probe import serving
-from perfkit.probe.servers import Stream, chunk_tokens, spread
+from perfkit.probe.streams import Stream, chunk_tokens, spread
 
 web = pytest.importorskip("aiohttp.web")
 
@@ -203,7 +205,7 @@ def test_arrivals_and_bad_arguments():
     assert times[0] == 0 and sum(gaps) / len(gaps) == pytest.approx(1 / 50, rel=0.1)
     assert serving.arrival_times(3, None) == [0.0, 0.0, 0.0]
     for bad in (dict(context=0), dict(gen=-1), dict(concurrency=True), dict(requests=1.5)):
-        with pytest.raises(UserError, match="must be a positive integer"):
+        with pytest.raises(UserError, match="must be an integer of at least 1"):
             serving.run("http://127.0.0.1:9", **{"context": 32, "gen": 4, **bad})
     with pytest.raises(UserError, match="rate"):
         serving.run("http://127.0.0.1:9", context=32, gen=4, rate=0)
@@ -222,3 +224,25 @@ def test_the_overhead_benchmark_reads_the_same_streams_both_ways(scripted):
     assert "us of CPU" in out["text"] and out["overhead_us_per_frame"] == pytest.approx(
         client["cpu_us_per_frame"] - bare["cpu_us_per_frame"]
     )
+
+
+def test_each_request_can_run_inside_its_own_window(scripted):
+    state, url = scripted
+    state.script = "speculative"
+    entered: list[str] = []
+
+    @contextlib.contextmanager
+    def window():
+        entered.append("in")
+        time.sleep(0.2)  # a profile window settling at its edge
+        yield
+        time.sleep(0.2)
+        entered.append("out")
+
+    results = serving.run(url, context=32, gen=5, concurrency=1, requests=3, warmup=1, each=window)
+    assert entered == ["in", "out"] * 3  # the measured requests only, one at a time
+    assert all(r.ok and r.waited >= 0.4 and r.ttft < GAP_S + 0.1 for r in results)
+    s = serving.summary(results)
+    assert s.wall_s < sum(r.e2e_latency for r in results) + 0.1  # the windows' edges are not serving time
+    with pytest.raises(UserError, match="concurrency must be 1"):
+        serving.run(url, context=32, gen=5, concurrency=2, each=window)

@@ -3,6 +3,7 @@
 import io
 import subprocess
 import sys
+import threading
 import time
 import types
 
@@ -145,6 +146,7 @@ def test_absent_phase_reads_zero_in_steps_where_it_did_not_run(log):
 class _FakeEvent:
     clock = 0.0
     synced = 0
+    done_until = float("inf")
 
     def __init__(self, enable_timing):
         assert enable_timing
@@ -240,3 +242,203 @@ def test_capture_alone_collects_quietly_until_flush(log):
     assert log.getvalue() == ""  # no periodic lines: profiling was not switched on
     spans.flush()
     assert "] draft: n=5 " in log.getvalue()
+
+
+# --- a process that never exits: periodic reports, SIGUSR1, one write per report, ranks ------------
+
+
+class _Writes(io.StringIO):
+    """A stream that counts its write calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.writes = []
+
+    def write(self, text):
+        self.writes.append(text)
+        return super().write(text)
+
+
+@pytest.fixture
+def writes(log):
+    stream = _Writes()
+    spans.set_log_every(50, stream=stream)
+    yield stream
+    spans.set_interval(None)
+
+
+def test_a_report_is_every_name_in_one_write_and_a_log_line_is_one_write(writes):
+    spans.set_log_every(3, stream=writes)
+    spans.set_enabled(True)
+    for name in ("draft", "verify", "commit"):
+        for _ in range(4):
+            with spans.span(name):
+                pass
+    assert len(writes.writes) == 3 and all(w.count("\n") == 1 for w in writes.writes)  # n=3 of each
+    printed = spans.report()
+    assert sorted(printed) == ["commit", "draft", "verify"]
+    last = writes.writes[-1]
+    assert len(writes.writes) == 4 and last.count("\n") == 3 and "] verify: n=4 " in last
+    spans.flush()
+    assert len(writes.writes) == 5 and writes.writes[-1].count("\n") == 3
+
+
+def test_a_name_with_control_characters_stays_on_one_line(writes):
+    spans.set_enabled(True)
+    with spans.span("evil\nname\r\x1b[2J"):
+        pass
+    spans.flush()
+    (text,) = writes.writes
+    assert text.count("\n") == 1 and "evil\\nname\\r\\x1b[2J: n=1 " in text
+
+
+def test_the_periodic_thread_prints_cumulative_lines_while_profiling_is_on(writes):
+    spans.set_enabled(True)
+    with spans.span("draft"):
+        pass
+    spans.set_interval(0.05)
+    deadline = time.monotonic() + 5
+    while len(writes.writes) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(writes.writes) >= 2 and all("] draft: n=1 " in w for w in writes.writes)
+    spans.set_enabled(False)  # off: the thread keeps quiet
+    time.sleep(0.15)
+    quiet = len(writes.writes)
+    time.sleep(0.15)
+    assert len(writes.writes) == quiet
+    with pytest.raises(ValueError):
+        spans.set_interval(float("nan"))
+
+
+def test_reports_from_another_thread_read_consistent_aggregates(writes, monkeypatch):
+    spans.set_log_every(10**9, stream=writes)  # the reporting thread is the only writer: its lines are in order
+    spans.set_enabled(True)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: inside a span's add(), too
+    stop = threading.Event()
+
+    def reporting():
+        while not stop.is_set():
+            spans.report()
+
+    thread = threading.Thread(target=reporting)
+    thread.start()
+    calls = 0
+    try:
+        while len(writes.writes) < 50 and calls < 10**6:
+            with spans.span("hot"):
+                calls += 1
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(switch)
+    from perfkit.probe import proflines
+
+    lines = proflines.parse("".join(writes.writes))
+    assert len(lines) >= 50 and all(line.p99 == line.p99 and line.p50 == line.p50 for line in lines)  # no NaN
+    counts = [line.n for line in lines]
+    assert counts == sorted(counts) and counts[-1] <= calls == spans.stats()["hot"].n
+
+
+def test_a_report_resolves_only_events_already_complete(writes, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch([]))
+    monkeypatch.setattr(spans, "_cuda_available", None)
+    monkeypatch.setattr(_FakeEvent, "query", lambda self: self.t <= _FakeEvent.done_until)
+    spans.set_enabled(True)
+    _FakeEvent.synced = 0
+    for _ in range(3):
+        with spans.span("verify_forward"):
+            pass
+    _FakeEvent.done_until = _FakeEvent.clock - 0.005  # the last span's end event is still running
+    assert spans.report()["verify_forward"].n == 2 and _FakeEvent.synced == 2  # synchronize() on a done event
+    assert spans.stats()["verify_forward"].n == 3  # stats() waits for the rest
+
+
+def test_the_rank_is_kept_once_seen_so_the_exit_summary_carries_it(writes, monkeypatch):
+    """Why the exit summary had no rank: it ran after destroy_process_group, with no RANK set."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(spans, "_rank", None)
+    dist = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True, get_rank=lambda: 3)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(distributed=dist))
+    spans.set_log_every(2, stream=writes)
+    spans.set_enabled(True)
+    for _ in range(2):
+        with spans.span("draft"):
+            pass
+    assert "[perfkit-prof pid=" in writes.writes[0] and " rank=3] draft: n=2 " in writes.writes[0]
+    dist.is_initialized = lambda: False  # destroy_process_group()
+    spans.flush()
+    assert " rank=3] draft: n=2 " in writes.writes[-1]
+    monkeypatch.setattr(spans, "_rank", None)
+    assert spans.rank() is None
+    monkeypatch.setenv("RANK", "5")
+    assert spans.rank() == 5
+
+
+SERVER = """
+import signal, sys
+{before}
+from perfkit.probe import spans
+print(signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None), flush=True)
+for request in sys.stdin:  # never exits on its own
+    for _ in range(int(request)):
+        with spans.span("prepare_for_verify"):
+            pass
+    print("done", flush=True)
+"""
+
+
+def _serve(env, before=""):
+    return subprocess.Popen(
+        [sys.executable, "-c", SERVER.format(before=before)],
+        env={"PATH": "", **env},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _readline(stream, timeout=10.0):
+    """A line of a child's output, failing (not hanging) when none comes."""
+    import select
+
+    assert select.select([stream], [], [], timeout)[0], f"nothing within {timeout} s"
+    return stream.readline()
+
+
+def _ask(child, calls):
+    child.stdin.write(f"{calls}\n")
+    child.stdin.flush()
+    assert _readline(child.stdout) == "done\n"
+
+
+def test_a_server_prints_its_lines_every_interval_and_at_once_on_sigusr1():
+    import os
+    import select
+    import signal
+
+    periodic = _serve({"PERFKIT_PROFILE": "1", "PERFKIT_PROFILE_INTERVAL": "0.2", "RANK": "1"})
+    on_demand = _serve(
+        {"PERFKIT_PROFILE": "1"}, before="signal.signal(signal.SIGUSR1, lambda *a: print('chained', flush=True))"
+    )
+    quiet = _serve({})
+    try:
+        assert [_readline(c.stdout) for c in (periodic, on_demand, quiet)] == ["True\n", "True\n", "False\n"]
+        _ask(periodic, 7)
+        started = time.monotonic()
+        ready, _, _ = select.select([periodic.stderr], [], [], 1.0)
+        assert ready, "no periodic line within a second"
+        first = periodic.stderr.readline()
+        assert "rank=1] prepare_for_verify: n=7 " in first and time.monotonic() - started < 1.0
+        _ask(on_demand, 3)
+        assert not select.select([on_demand.stderr], [], [], 0.3)[0]  # no interval: nothing yet
+        os.kill(on_demand.pid, signal.SIGUSR1)
+        assert select.select([on_demand.stderr], [], [], 1.0)[0], "no report after SIGUSR1"
+        assert "] prepare_for_verify: n=3 " in on_demand.stderr.readline()
+        assert _readline(on_demand.stdout) == "chained\n"  # the handler there was still runs
+        _ask(on_demand, 1)
+    finally:
+        for child in (periodic, on_demand, quiet):
+            child.kill()
+            child.wait()

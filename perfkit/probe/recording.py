@@ -178,25 +178,96 @@ def record_breakdown(steps: Any, *, unit: str = "ms", at: dict[str, Any] | None 
     _emit(records, breakdown_summary(records))
 
 
-def record_profile_lines(text: str, *, names: list[str] | None = None, at: dict[str, Any] | None = None) -> list[str]:
-    """Record what `[perfkit-prof]` lines in `text` say (a service's workers' logs): the names recorded.
+def record_profile_lines(
+    lines: Any, *, names: list[str] | None = None, at: dict[str, Any] | None = None, prefix: str = ""
+) -> list[str]:
+    """Record what a service's workers' `[perfkit-prof]` lines say; returns the metric names recorded.
 
-    For each span name (or those in `names`), one sample per process: that process's mean
-    duration in ms, from its latest line. A probe that drives a remote engine can so judge what the
-    engine's own workers measured; the note says how many processes and calls it rests on.
+    `lines` is either
+      - a window, `perfkit.profile_window(source)` (a log path, a `Server`, `"journal:UNIT"`,
+        `"docker:CONTAINER"`): each process's calls *in the window*, its last line inside less its
+        last line before (n and total exact, mean = total / n), or
+      - a list of windows (one per request, say): what follows, once per window, or
+      - a string of log text: each process's whole life so far (its latest line).
+    For each span name (every one seen, or those in `names`) three metrics are recorded:
+      - `{prefix}{name}`: one sample per process (per rank) and window, its mean in ms, in rank order;
+      - `{prefix}{name}_slowest_rank`: one sample per window, the largest of its processes' means (a
+        claim about every rank is a claim about the slowest);
+      - `{prefix}{name}_calls`: one sample, the calls counted (all processes, all windows).
+    The notes say which processes and how many calls each rests on; p99 is each process's
+    cumulative one (a quantile cannot be differenced). A name without lines is a UserError that
+    says what was seen.
+
+        with perfkit.profile_window(server) as w:
+            drive(server.url)
+        perfkit.record_profile_lines(w, names=["prepare_for_verify"], prefix="server_")  # or w.record(...)
     """
     from perfkit.probe import proflines
 
-    by_name = proflines.latest(proflines.parse(text))
-    wanted = [n for n in by_name if names is None or n in names]
-    missing = sorted(set(names or []) - set(by_name))
-    if missing:
-        raise UserError(f"record_profile_lines: no profile lines for {', '.join(missing)}")
-    for name in wanted:
-        rows = by_name[name]
-        calls = sum(r.n for r in rows)
-        note = f"means of {len(rows)} processes' profile lines ({calls} calls); slowest {rows[0].process}"
-        record(
-            name, [r.mean for r in sorted(rows, key=lambda r: (r.rank or 0, r.pid or 0))], unit="ms", at=at, note=note
-        )
-    return wanted
+    windows = list(lines) if isinstance(lines, list | tuple) else [lines]
+    if isinstance(lines, str):
+        groups, where = [proflines.latest(proflines.parse(lines))], "the text"
+    elif windows and all(callable(getattr(w, "figures", None)) for w in windows):
+        groups = [w.figures() for w in windows]
+        where = windows[0].describe() + (f" (and {len(windows) - 1} more windows)" if len(windows) > 1 else "")
+    else:
+        raise UserError(f"record_profile_lines: expected log text or profile_windows, got {type(lines).__name__}")
+    everywhere = set.intersection(*(set(g) for g in groups))
+    missing = [n for n in names or [] if n not in everywhere]
+    if missing or not everywhere:
+        raise UserError(_nothing_for(missing, everywhere, where))
+    recorded = []
+    for name in names if names is not None else sorted(everywhere):
+        seen = [getattr(w, "lines", None) for w in windows] if not isinstance(lines, str) else [None]
+        recorded += _record_processes([g[name] for g in groups], prefix + name, at, seen)
+    return recorded
+
+
+def _nothing_for(missing: list[str], found: set[str], where: str) -> str:
+    seen = f"names with calls: {', '.join(sorted(found))}" if found else "no call of any name"
+    return (
+        f"record_profile_lines: no profile lines for {', '.join(missing) or 'any name'} in {where} ({seen}). "
+        "A process prints a line every PERFKIT_PROFILE_EVERY calls (default 50); for a window, start the server "
+        "with PERFKIT_PROFILE_INTERVAL=1 (a line of every name every second) and open the window with "
+        "settle= a bit longer"
+    )
+
+
+def _processes_note(rows: list, window: Any) -> str:
+    """Which processes one window's (or the text's) figures rest on: calls each, the slowest, p99."""
+    from perfkit.probe import proflines
+
+    many = len({r.origin for r in rows}) > 1
+    who = [proflines.label(r, with_origin=many) for r in rows]
+    slowest = max(range(len(rows)), key=lambda i: rows[i].mean)
+    span = "in the window" if window is not None else "since each process started"
+    plural = "processes'" if len(rows) != 1 else "process's"
+    note = (
+        f"means of {len(rows)} {plural} profile lines ({sum(r.n for r in rows)} calls {span}: "
+        + ", ".join(f"{w} {r.n}" for w, r in zip(who, rows, strict=True))
+        + f"); slowest {who[slowest]}; p99 worst {max(r.p99 for r in rows):.3g} ms"
+        + (" (cumulative since each process started: a quantile cannot be differenced)" if window else "")
+    )
+    if window is not None:
+        counted = {r.key for r in rows}
+        idle = sorted({r.process for r in window.inside if r.name == rows[0].name and r.key not in counted})
+        note += f"; no call in the window from {', '.join(idle)}" if idle else ""
+        note += "".join(f"; {n}" for n in window.notes)
+    return note
+
+
+def _record_processes(groups: list[list], metric: str, at: dict[str, Any] | None, windows: list) -> list[str]:
+    """The three records of one name (see record_profile_lines): `groups` holds its rows per window."""
+    order = [sorted(rows, key=lambda r: (r.rank is None, r.rank or 0, r.origin, r.pid or 0)) for rows in groups]
+    notes = [_processes_note(rows, window) for rows, window in zip(order, windows, strict=True)]
+    slowest = [max(rows, key=lambda r: r.mean) for rows in order]
+    calls = sum(r.n for rows in order for r in rows)
+    span = "since each process started" if windows[0] is None else f"in {len(order)} window" + "s" * (len(order) > 1)
+    note = notes[0] if len(notes) == 1 else f"{len(notes)} windows, one sample each; the first: {notes[0]}"
+    records = [
+        make_record(metric, [r.mean for rows in order for r in rows], unit="ms", at=at, note=note),
+        make_record(f"{metric}_slowest_rank", [r.mean for r in slowest], unit="ms", at=at, note=note),
+        make_record(f"{metric}_calls", [calls], unit="count", at=at, note=f"calls {span}"),
+    ]
+    _emit(records, "\n".join(summary_line(r) for r in records))
+    return [r["name"] for r in records]

@@ -1,5 +1,4 @@
-"""The server a probe drives: `perfkit engine serve` started as a subprocess, or one already running,
-and what it streams back, read by the one rule of which chunk carries text.
+"""The server a probe drives: `perfkit engine serve` started as a subprocess, or one already running.
 
 A probe never imports the engine: it starts `python -m perfkit.engine.cli serve` on a free loopback
 port, in a process group of its own, with stdout and stderr in a log file (the evidence a failed
@@ -12,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -244,101 +242,3 @@ def server(
         tp=tp, preset=preset, mode=mode, args=tuple(args), env=env, log_dir=log_dir, startup_timeout=startup_timeout
     ) as started:
         yield started
-
-
-def _choice_text(choice: Any, chat: bool) -> str:
-    if not isinstance(choice, dict):
-        return ""
-    part = choice.get("delta") if chat else choice
-    text = part.get("content" if chat else "text") if isinstance(part, dict) else None
-    return text if isinstance(text, str) else ""
-
-
-@dataclass
-class Stream:
-    """One streamed response read line by line: its frames, its text chunks, its usage, its end.
-
-    The rule of which frame is a text chunk lives here and nowhere else: a text
-    chunk is a `data:` frame in which a choice carries a non-empty string of generated text
-    (`choices[i].text` for completions, `choices[i].delta.content` for chat). A role-only chunk, an
-    empty-text chunk (a finish reason alone) and a usage-only chunk (`choices: []`) are frames: read
-    for their `usage`, never a text chunk. An error frame (`{"error": ...}`, `{"object": "error"}`, or
-    any frame after `event: error`) ends the stream as a failure; `data: [DONE]` ends it well.
-    """
-
-    chat: bool
-    start: float = 0.0
-    end: float = 0.0
-    frames: int = 0  # data: frames, [DONE] excluded
-    chunks: list[tuple[float, int, int | None]] = field(default_factory=list)  # (time, UTF-8 bytes, running tokens)
-    usage: dict[str, Any] | None = None  # the last usage any frame carried
-    done: bool = False
-    error: str | None = None
-    _event: str = ""
-
-    def fail(self, error: str) -> None:
-        if self.error is None:
-            self.error = error
-
-    def feed(self, line: bytes, t: float) -> None:
-        """One line of the SSE stream, received at `t` (time.perf_counter)."""
-        line = line.strip()
-        if line.startswith(b"event:"):
-            self._event = line[6:].strip().decode("utf-8", "replace")
-            return
-        if not line.startswith(b"data:"):
-            return  # blank lines end frames; ":" lines are comments; id: and retry: mean nothing here
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            self.done = True
-            return
-        self.frames += 1
-        try:
-            frame = json.loads(payload)
-        except ValueError:
-            self.fail(f"a frame that is not JSON: {payload[:200].decode('utf-8', 'replace')!r}")
-            return
-        if not isinstance(frame, dict) or self._event == "error" or "error" in frame or frame.get("object") == "error":
-            error = frame.get("error", frame) if isinstance(frame, dict) else frame
-            message = error.get("message", error) if isinstance(error, dict) else error
-            self.fail(f"error frame: {str(message)[:300]}")
-            return
-        if isinstance(frame.get("usage"), dict):
-            self.usage = frame["usage"]
-        choices = frame.get("choices") if isinstance(frame.get("choices"), list) else []
-        text = "".join(_choice_text(c, self.chat) for c in choices)
-        if text:
-            running = self.usage.get("completion_tokens") if isinstance(frame.get("usage"), dict) else None
-            self.chunks.append((t, len(text.encode("utf-8")), running if isinstance(running, int) else None))
-
-
-def chunk_tokens(stream: Stream, output_tokens: int | None) -> tuple[list[int], str]:
-    """Tokens each text chunk carried and where the counts come from ("usage", "bytes" or "")."""
-    running = [r for _, _, r in stream.chunks]
-    if running and all(r is not None for r in running):
-        return [b - a for a, b in zip([0, *running], running)], "usage"
-    sizes = [b for _, b, _ in stream.chunks]
-    if not sizes or output_tokens is None or output_tokens < len(sizes):
-        return [1] * len(sizes), ""
-    # the largest-remainder split of output_tokens over the chunks by their bytes: the counts sum exactly
-    shares = [output_tokens * b / sum(sizes) for b in sizes]
-    counts = [int(x) for x in shares]
-    order = sorted(range(len(sizes)), key=lambda i: counts[i] - shares[i])
-    for i in order[: output_tokens - sum(counts)]:
-        counts[i] += 1
-    return counts, "bytes"
-
-
-def spread(times: list[float], counts: list[int]) -> list[float]:
-    """Per-token gaps: each text chunk's gap to the one before, split evenly over the tokens it carried.
-
-    A chunk that carried no token (its running count did not move) passes its gap on to the next one.
-    """
-    out: list[float] = []
-    carried = 0.0
-    for (before, now), n in zip(zip(times, times[1:]), counts[1:]):
-        carried += now - before
-        if n > 0:
-            out += [carried / n] * n
-            carried = 0.0
-    return out

@@ -7,7 +7,7 @@
 What counts, defined here once (the names are those of SGLang's bench_serving and vLLM's benchmark):
 
 - A *text chunk* is a `data:` frame in which a choice carries generated text (the rule, in full, is
-  `servers.Stream`'s): a role-only, an empty-text or a usage-only chunk is never the first token,
+  `streams.Stream`'s): a role-only, an empty-text or a usage-only chunk is never the first token,
   never an ITL gap.
 - `ttft`: from just before the POST to the first text chunk.
 - `e2e_latency`: from just before the POST to the end of the stream (`data: [DONE]`).
@@ -36,13 +36,15 @@ import concurrent.futures
 import time
 import uuid
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from perfkit import units
 from perfkit.errors import UserError
 from perfkit.probe import recording
-from perfkit.probe.servers import Remote, Server, Stream, chunk_tokens, identity, server, spread
+from perfkit.probe.servers import Remote, Server, identity, server
+from perfkit.probe.streams import Stream, Target, chunk_tokens, first_model, load_aiohttp, request, spread, tokenize
 from perfkit.probe.workload import arrival_times, make_prompts
 
 __all__ = [
@@ -85,6 +87,7 @@ class RequestResult:
     e2e_latency: float | None
     itl_chunk: tuple[float, ...]
     itl: tuple[float, ...]  # per token
+    waited: float = 0.0  # seconds spent in run(each=...)'s context manager around this request
 
     @property
     def ok(self) -> bool:
@@ -109,14 +112,6 @@ class RequestResult:
         return self.prompt_tokens / self.ttft
 
 
-def _aiohttp():
-    try:
-        import aiohttp
-    except ImportError:
-        raise UserError("perfkit.serving needs aiohttp: pip install 'perfkit[serve]'") from None
-    return aiohttp
-
-
 def _sync(make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
     """Run a coroutine to its end, also from a notebook, whose thread already runs an event loop."""
     try:
@@ -127,90 +122,7 @@ def _sync(make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
         return pool.submit(lambda: asyncio.run(make())).result()
 
 
-@dataclass(frozen=True)
-class _Target:
-    """What every request of a run shares."""
-
-    url: str
-    model: str
-    chat: bool
-    gen: int
-    timeout: float
-    context: int
-
-    def body(self, prompt: str) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.model, "max_tokens": self.gen, "temperature": 0, "stream": True}
-        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-        if self.chat:
-            body["messages"] = [{"role": "user", "content": prompt}]
-        else:
-            body["prompt"] = prompt
-        return body
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.url}/v1/chat/completions" if self.chat else f"{self.url}/v1/completions"
-
-
-async def _first_model(session, url: str) -> str:
-    async with session.get(f"{url}/v1/models") as response:
-        body = await response.json(content_type=None) if response.status == 200 else None
-    models = body.get("data") if isinstance(body, dict) else None
-    if not isinstance(models, list) or not models or not isinstance(models[0], dict) or not models[0].get("id"):
-        raise UserError(f"serving: {url}/v1/models named no model; pass model=")
-    return str(models[0]["id"])
-
-
-async def _tokenize(session, target: _Target, prompt: str) -> int | None:
-    """The server's count of `prompt`'s tokens through `POST /tokenize`, None when it has no such route."""
-    async with session.post(f"{target.url}/tokenize", json={"model": target.model, "prompt": prompt}) as response:
-        if response.status in (400, 404, 405, 501):
-            return None
-        body = await response.json(content_type=None)
-    if isinstance(body, dict) and isinstance(body.get("count"), int):
-        return body["count"]
-    if isinstance(body, dict) and isinstance(body.get("tokens"), list):
-        return len(body["tokens"])
-    return None
-
-
-async def _request(session, target: _Target, prompt: str, *, meter: dict[str, float] | None = None) -> Stream:
-    """One streamed request, read line by line; every outcome ends in the returned Stream, errors included.
-
-    With `meter`, the time this client spends on its lines ("handling") and the thread's CPU time are added to it.
-    """
-    aiohttp = _aiohttp()
-    stream = Stream(chat=target.chat)
-    cpu = time.thread_time()
-    stream.start = time.perf_counter()
-    try:
-        async with session.post(
-            target.endpoint, json=target.body(prompt), timeout=aiohttp.ClientTimeout(total=target.timeout)
-        ) as response:
-            if response.status != 200:
-                text = (await response.text(errors="replace"))[:300]
-                stream.fail(f"HTTP {response.status}: {' '.join(text.split())}")
-            else:
-                async for line in response.content:
-                    t = time.perf_counter()
-                    stream.feed(line, t)
-                    if meter is not None:
-                        meter["handling"] += time.perf_counter() - t
-                    if stream.done or stream.error:
-                        break
-    except TimeoutError:
-        stream.fail(f"timed out after {target.timeout:g} s")
-    except (aiohttp.ClientError, OSError) as exc:
-        stream.fail(f"{type(exc).__name__}: {exc}")
-    stream.end = time.perf_counter()
-    if not stream.done and not stream.error:
-        stream.fail("the stream ended before data: [DONE] (connection dropped?)")
-    if meter is not None:
-        meter["cpu"] += time.thread_time() - cpu
-    return stream
-
-
-def _result(index: int, stream: Stream, target: _Target, tokenized: int | None, origin: float) -> RequestResult:
+def _result(index: int, stream: Stream, target: Target, tokenized: int | None, origin: float) -> RequestResult:
     usage = stream.usage or {}
     prompt_tokens = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
     output_tokens = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else None
@@ -246,27 +158,39 @@ def _result(index: int, stream: Stream, target: _Target, tokenized: int | None, 
     )
 
 
-async def _measured(session, target: _Target, prompts: list[str], plan: dict[str, Any]) -> list[RequestResult]:
+async def _measured(session, target: Target, prompts: list[str], plan: dict[str, Any]) -> list[RequestResult]:
     """The warm-up requests (excluded), then the measured ones at their arrival times, `concurrency` at a time."""
     tokenized: list[int | None] = []
     for prompt in prompts:
-        tokenized.append(
-            await _tokenize(session, target, prompt) if not tokenized or tokenized[0] is not None else None
-        )
+        tokenized.append(await tokenize(session, target, prompt) if not tokenized or tokenized[0] is not None else None)
     warmup = plan["warmup"]
     for i in range(warmup):
-        stream = await _request(session, target, prompts[i])
+        stream = await request(session, target, prompts[i])
         if stream.error:
             print(f"perfkit.serving: warm-up request {i} failed: {stream.error}")
     gate = asyncio.Semaphore(plan["concurrency"])
     arrivals = arrival_times(len(prompts) - warmup, plan["rate"], plan["seed"])
     origin = time.perf_counter()
 
+    each = plan["each"]
+
     async def one(i: int, at: float) -> RequestResult:
         await asyncio.sleep(max(0.0, origin + at - time.perf_counter()))
         async with gate:
-            stream = await _request(session, target, prompts[warmup + i])
-        return _result(i, stream, target, tokenized[warmup + i], origin)
+            if each is None:
+                stream = await request(session, target, prompts[warmup + i])
+                return _result(i, stream, target, tokenized[warmup + i], origin)
+            t = time.perf_counter()
+            around = each()
+            await asyncio.to_thread(around.__enter__)
+            waited = time.perf_counter() - t
+            try:
+                stream = await request(session, target, prompts[warmup + i])
+            finally:
+                t = time.perf_counter()
+                await asyncio.to_thread(around.__exit__, None, None, None)
+                waited += time.perf_counter() - t
+        return replace(_result(i, stream, target, tokenized[warmup + i], origin), waited=waited)
 
     return list(await asyncio.gather(*(one(i, at) for i, at in enumerate(arrivals))))
 
@@ -285,31 +209,37 @@ def run(
     timeout: float = TIMEOUT_S,
     seed: int = 0,
     text: str | bytes | None = None,
+    each: Callable[[], AbstractContextManager] | None = None,
 ) -> list[RequestResult]:
     """Send `requests` streamed requests (4 x `concurrency` when None) of exactly `context` prompt tokens,
     `gen` tokens each at temperature 0, at most `concurrency` at once, sent at once or as a Poisson
     process of `rate` requests/s (seeded); `warmup` requests run first and are not returned. Every
     prompt is different (see make_prompts; `text` is what they are cut from). The prompt length is
     checked with `POST /tokenize` when the server has it and always against usage.prompt_tokens.
+
+    `each`: a function returning a context manager that every measured request runs inside (with
+    concurrency 1), e.g. `lambda: perfkit.profile_window(server)` for the server's own lines per
+    request; the time its entry and exit take is in `waited`, never in a request's figures.
     """
     checks = {"context": context, "gen": gen, "concurrency": concurrency, "requests": requests, "warmup": warmup}
     for name, value in checks.items():
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < (name == "warmup") ^ 1
-        ):
-            raise UserError(f"serving.run: {name} must be a positive integer, got {value!r}")
+        least = 0 if name == "warmup" else 1
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise UserError(f"serving.run: {name} must be an integer of at least {least}, got {value!r}")
     if requests is None:
         requests = 4 * concurrency
     arrival_times(0, rate)  # checks the rate
+    if each is not None and concurrency != 1:
+        raise UserError(f"serving.run: each= brackets one request at a time; concurrency must be 1, got {concurrency}")
     url = url.rstrip("/")
     prompts = make_prompts(warmup + requests, context, seed=seed, text=text, tag=uuid.uuid4().hex[:6])
-    aiohttp = _aiohttp()
+    http = load_aiohttp()
 
     async def go() -> list[RequestResult]:
-        connector = aiohttp.TCPConnector(limit=concurrency + 1)
-        async with aiohttp.ClientSession(connector=connector) as session:
-            target = _Target(url, model or await _first_model(session, url), chat, gen, timeout, context)
-            plan = {"warmup": warmup, "concurrency": concurrency, "rate": rate, "seed": seed}
+        connector = http.TCPConnector(limit=concurrency + 1)
+        async with http.ClientSession(connector=connector) as session:
+            target = Target(url, model or await first_model(session, url), chat, gen, timeout, context)
+            plan = {"warmup": warmup, "concurrency": concurrency, "rate": rate, "seed": seed, "each": each}
             return await _measured(session, target, prompts, plan)
 
     return _sync(go)
@@ -353,6 +283,7 @@ def summary(results: list[RequestResult]) -> Summary:
     """The figures of a run's results (the run-level throughputs are defined in this module's docstring)."""
     ok = [r for r in results if r.ok]
     wall = max((r.end for r in results), default=0.0) - min((r.start for r in results), default=0.0)
+    wall -= sum(r.waited for r in results)  # run(each=...)'s windows are not serving time
     tokens = sum(r.output_tokens or 0 for r in ok)
     return Summary(
         requests=len(results),
@@ -418,12 +349,12 @@ def record(results: list[RequestResult], *, at: dict[str, Any] | None = None, pr
     return s
 
 
-async def _bare(session, target: _Target, prompt: str, meter: dict[str, float]) -> None:
+async def _bare(session, target: Target, prompt: str, meter: dict[str, float]) -> None:
     """The same request read by a bare aiohttp loop that only counts `data:` lines."""
-    aiohttp = _aiohttp()
+    http = load_aiohttp()
     cpu = time.thread_time()
     async with session.post(
-        target.endpoint, json=target.body(prompt), timeout=aiohttp.ClientTimeout(total=target.timeout)
+        target.endpoint, json=target.body(prompt), timeout=http.ClientTimeout(total=target.timeout)
     ) as response:
         if response.status != 200:
             raise UserError(f"serving.overhead: HTTP {response.status} from {target.endpoint}")
@@ -448,19 +379,19 @@ def overhead(
     if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
         raise UserError(f"serving.overhead: requests must be a positive integer, got {requests!r}")
     prompts = make_prompts(requests, context, tag=uuid.uuid4().hex[:6])
-    aiohttp = _aiohttp()
+    http = load_aiohttp()
     client = {"frames": 0.0, "chunks": 0.0, "cpu": 0.0, "handling": 0.0}
     bare = {"frames": 0.0, "cpu": 0.0, "handling": 0.0}
 
     async def go() -> None:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2)) as session:
-            target = _Target(url.rstrip("/"), model or await _first_model(session, url.rstrip("/")), chat, gen, 600, 0)
+        async with http.ClientSession(connector=http.TCPConnector(limit=2)) as session:
+            target = Target(url.rstrip("/"), model or await first_model(session, url.rstrip("/")), chat, gen, 600, 0)
             for i, prompt in enumerate(prompts):
                 for reader in ("client", "bare") if i % 2 == 0 else ("bare", "client"):
                     if reader == "bare":
                         await _bare(session, target, prompt, bare)
                         continue
-                    stream = await _request(session, target, prompt, meter=client)
+                    stream = await request(session, target, prompt, meter=client)
                     if stream.error:
                         raise UserError(f"serving.overhead: request {i} failed: {stream.error}")
                     client["frames"] += stream.frames

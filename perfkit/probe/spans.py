@@ -8,16 +8,17 @@ inside `capture()`. When off, `span` returns one shared do-nothing context manag
 `timed` returns the function itself, so instrumented code pays a global lookup and nothing else.
 
 When on, every name keeps an aggregate (n, mean, p50, p99, last, total) in constant time and
-bounded memory per call: count, total and last are exact, the quantiles come from a streaming
-sketch within 1% of the exact ones (`perfkit.stats.QuantileSketch`), so a span costs the same at
-the millionth call as at the first. Every line names the process (`pid=`) and, under
-torch.distributed (or with RANK set), its `rank=`, so logs of many workers can be merged
-(`perfkit prof`, `perfkit.record_profile_lines`). While profiling is on
-(not merely inside `capture()`, which collects quietly), a line is logged every `log_every`
-calls (`PERFKIT_PROFILE_EVERY`, default 50) *and* a summary of every name is
-printed by `flush()` and at interpreter exit, so a function called fewer than `log_every` times
-still reports: the case study's profiler printed nothing after 40 calls, and a silent profiler
-looks exactly like a broken one.
+memory: count, total and last exact, the quantiles within 1% (`perfkit.stats.QuantileSketch`).
+Every line (`proflines.format_line`) names the process (`pid=`) and its `rank=` once known
+(torch.distributed's, kept once seen, else $RANK), so logs of many workers merge (`perfkit prof`,
+`perfkit.record_profile_lines`). While profiling is on (not merely inside `capture()`, which
+collects quietly), a line is logged every `log_every` calls (`PERFKIT_PROFILE_EVERY`, default
+50), and `flush()` and interpreter exit print every name: a function called 40 times still reports.
+
+A process that never exits (a server) reports every S seconds with `PERFKIT_PROFILE_INTERVAL=S`
+(or `set_interval(S)`), and at once on SIGUSR1 when `PERFKIT_PROFILE` is set in its environment
+(the handler chains any previous one). Lines are cumulative, so a window is the difference of
+two reports; a report is one write, so processes sharing a log never split each other's lines.
 
 On CUDA (when torch has initialised CUDA), a span records a pair of CUDA events instead of reading
 the host clock, and the events are resolved later (at a log line only those already complete, at
@@ -34,36 +35,30 @@ A step's phases are the spans that run directly inside a `step` span, whatever t
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import os
 import sys
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from perfkit.phases import PHASES, STEP, UNATTRIBUTED
+from perfkit.probe import logsources, proflines
 from perfkit.stats import QuantileSketch
 
-__all__ = [
-    "span",
-    "timed",
-    "capture",
-    "enabled",
-    "set_enabled",
-    "set_log_every",
-    "flush",
-    "stats",
-    "reset",
-    "Capture",
-    "SpanStats",
-]
+__all__ = ["span", "timed", "capture", "enabled", "set_enabled", "set_log_every", "set_interval", "flush"]
+__all__ += ["report", "stats", "reset", "Capture", "SpanStats"]
 
-_PREFIX = "[perfkit-prof"  # a line: "[perfkit-prof pid=12 rank=0] name: n=... mean=..." (rank only when known)
+_INTERVAL = "PERFKIT_PROFILE_INTERVAL"  # seconds between reports of every name (a process that never exits)
 
 _enabled_by_env = os.environ.get("PERFKIT_PROFILE", "").strip().lower() in ("1", "true", "yes", "on")
 _forced = False  # set_enabled(True)
 _captures: list[Capture] = []  # active capture() blocks, innermost last
 _log_every = max(1, int(os.environ.get("PERFKIT_PROFILE_EVERY", "50") or 50))
 _stream = sys.stderr  # where log lines go; tests may swap it via set_log_every(stream=...)
-
+_lock = threading.Lock()  # one resolver of CUDA events and reader of a CUDA series at a time
 _active = _enabled_by_env
 
 
@@ -110,37 +105,28 @@ class SpanStats:
     total: float
 
     def line(self) -> str:
-        return (
-            f"{_who()} {self.name}: n={self.n} mean={_fmt(self.mean)} p50={_fmt(self.p50)} "
-            f"p99={_fmt(self.p99)} last={_fmt(self.last)} total={_fmt(self.total)}"
-        )
+        """`[perfkit-prof pid=12 rank=0] name: n=.. mean=.. p50=.. p99=.. last=.. total=..`."""
+        return proflines.format_line(os.getpid(), rank(), self)
+
+
+_rank: int | None = None  # torch.distributed's rank once seen: kept after the process group is destroyed
 
 
 def rank() -> int | None:
-    """This process's rank: torch.distributed's when it is initialised, else $RANK, else None."""
+    """This process's rank: torch.distributed's (kept once seen), else $RANK, else None."""
+    global _rank
+    if _rank is not None:
+        return _rank
     torch = sys.modules.get("torch")
     dist = getattr(torch, "distributed", None) if torch is not None else None
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank())
+            _rank = int(dist.get_rank())
+            return _rank
     except Exception:  # a half-initialised process group: fall back to the environment
         pass
-    value = os.environ.get("RANK", "")
+    value = os.environ.get("RANK", "").strip()
     return int(value) if value.isdigit() else None
-
-
-def _who() -> str:
-    r = rank()
-    return f"{_PREFIX} pid={os.getpid()}" + (f" rank={r}]" if r is not None else "]")
-
-
-def _fmt(seconds: float) -> str:
-    ms = seconds * 1e3
-    if ms >= 100:
-        return f"{ms:.0f}ms"
-    if ms >= 1:
-        return f"{ms:.2f}ms"
-    return f"{ms:.3f}ms"
 
 
 class _Series:
@@ -150,16 +136,24 @@ class _Series:
 
     def __init__(self) -> None:
         self.sketch = QuantileSketch()
-        self.pending: list[tuple] = []  # (start_event, end_event, sinks)
+        self.pending: deque[tuple] = deque()  # (start_event, end_event, sinks), oldest first
         self.calls = 0
         self.logged_at = 0
 
     def stats(self, name: str) -> SpanStats | None:
+        """The aggregate, read consistently even while another thread adds to it (a report's thread)."""
         k = self.sketch
-        if not k.n:
+        for _ in range(1000):
+            n = k.n
+            counted = k.zeros + sum(k.buckets.values())  # an add() updates n first and its bucket last
+            total, last = k.total, k.last
+            p50, p99 = k.quantiles(0.5, 0.99)
+            if n == counted == k.n:
+                break
+            time.sleep(0)  # caught in the middle of an add(): let it finish
+        if not n:
             return None
-        p50, p99 = k.quantiles(0.5, 0.99)
-        return SpanStats(name=name, n=k.n, mean=k.mean, p50=p50, p99=p99, last=k.last, total=k.total)
+        return SpanStats(name=name, n=n, mean=total / n, p50=p50, p99=p99, last=last, total=total)
 
 
 _series: dict[str, _Series] = {}
@@ -173,37 +167,58 @@ def _series_for(name: str) -> _Series:
 
 
 def _resolve(series: _Series, *, wait: bool) -> None:
-    """Turn finished CUDA event pairs into durations (all of them when `wait`)."""
-    still = []
-    for start, end, sinks in series.pending:
-        if not wait and not end.query():
-            still.append((start, end, sinks))
-            continue
+    """Turn finished CUDA event pairs into durations, oldest first (all of them when `wait`); hold `_lock`."""
+    pending = series.pending
+    while pending:
+        if not wait and not pending[0][1].query():
+            break
+        start, end, sinks = pending.popleft()  # spans append on the right meanwhile: nothing is lost
         end.synchronize()
         seconds = start.elapsed_time(end) / 1e3
         series.sketch.add(seconds)
         for sink in sinks:
             sink.set(seconds)
-    series.pending = still
 
 
-def stats() -> dict[str, SpanStats]:
-    """Aggregates of every name seen so far, resolving all pending CUDA events."""
+def _lines(*, wait: bool) -> dict[str, SpanStats]:
     out = {}
     for name in sorted(_series):
         series = _series[name]
-        _resolve(series, wait=True)
-        st = series.stats(name)
+        with _lock:
+            if series.pending:
+                _resolve(series, wait=wait)
+            st = series.stats(name)
         if st is not None:
             out[name] = st
     return out
 
 
+def _write(lines) -> None:
+    text = "".join(line + "\n" for line in lines)
+    if text:
+        _stream.write(text)  # one write: another process's output cannot land inside a report
+        _stream.flush()
+
+
+def stats() -> dict[str, SpanStats]:
+    """Aggregates of every name seen so far, resolving all pending CUDA events."""
+    return _lines(wait=True)
+
+
 def flush() -> dict[str, SpanStats]:
     """Resolve pending device timings and print one summary line per name; returns the aggregates."""
     result = stats()
-    for st in result.values():
-        print(st.line(), file=_stream, flush=True)
+    _write(st.line() for st in result.values())
+    return result
+
+
+def report() -> dict[str, SpanStats]:
+    """Print every name's cumulative line now, in one write; the periodic thread and SIGUSR1 call this.
+
+    Only CUDA events already complete are resolved (as for the every-`log_every` line): no sync.
+    """
+    result = _lines(wait=False)
+    _write(st.line() for st in result.values())
     return result
 
 
@@ -218,7 +233,22 @@ def _flush_at_exit() -> None:
         try:
             flush()
         except Exception as exc:  # the interpreter is going away; say why, never raise here
-            print(f"{_PREFIX} summary at exit failed: {exc!r}", file=sys.stderr)
+            print(f"{proflines.PREFIX}] summary at exit failed: {exc!r}", file=sys.stderr)
+
+
+# --- reports of a process that never exits (the thread: logsources.Reporter) ---------------------
+
+_reporter = logsources.Reporter(report, lambda: _enabled_by_env or _forced, logsources.seconds_env(_INTERVAL))
+if _enabled_by_env:
+    _reporter.install_signal()  # SIGUSR1: only in a process that asked for profiling by its environment
+
+
+def set_interval(seconds: float | None) -> None:
+    """Print every name's line every `seconds` from a daemon thread (PERFKIT_PROFILE_INTERVAL); None stops."""
+    _reporter.set_interval(seconds)
+
+
+os.register_at_fork(after_in_child=lambda: globals().update(_rank=None))  # a forked child finds its own rank
 
 
 # --- CUDA detection ------------------------------------------------------------------------------
@@ -246,19 +276,7 @@ def _cuda():
 # --- the span itself -----------------------------------------------------------------------------
 
 
-class _Null:
-    """The span used while profiling is off: does nothing, shared by every call."""
-
-    __slots__ = ()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NULL = _Null()
+_NULL = contextlib.nullcontext()  # the span while profiling is off: does nothing, shared by every call
 
 
 class _Slot:
@@ -333,11 +351,12 @@ class _Span:
                 c._close(self.name)
         if (_enabled_by_env or _forced) and series.calls - series.logged_at >= _log_every:
             series.logged_at = series.calls
-            if series.pending:
-                _resolve(series, wait=False)
-            st = series.stats(self.name)
+            with _lock:
+                if series.pending:
+                    _resolve(series, wait=False)
+                st = series.stats(self.name)
             if st is not None:
-                print(st.line(), file=_stream, flush=True)
+                _write((st.line(),))
         return False
 
 
@@ -365,11 +384,7 @@ def timed(name: str | None = None):
             with _Span(label):
                 return fn(*args, **kwargs)
 
-        wrapper.__wrapped__ = fn
-        wrapper.__name__ = getattr(fn, "__name__", label)
-        wrapper.__qualname__ = getattr(fn, "__qualname__", label)
-        wrapper.__doc__ = fn.__doc__
-        return wrapper
+        return functools.update_wrapper(wrapper, fn)
 
     return decorate
 
@@ -414,8 +429,8 @@ class Capture:
             self._stack.pop()
 
     def _finish(self) -> None:
-        for series in _series.values():
-            if series.pending:
+        for series in list(_series.values()):
+            with _lock:
                 _resolve(series, wait=True)
 
     def names(self) -> list[str]:

@@ -1,0 +1,209 @@
+"""One streamed request to an OpenAI-compatible server, and the one rule of which chunk carries text.
+
+`request` sends a completion (or chat completion) with `stream: true` and reads its server-sent
+events line by line into a `Stream`; every outcome, errors included, ends in the Stream. `Stream`
+says which frames are text chunks (its docstring holds the rule, here and nowhere else);
+`chunk_tokens` and `spread` turn its chunks into tokens per chunk and per-token gaps. aiohttp is
+needed (`pip install 'perfkit[serve]'`), imported on first use.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfkit.errors import UserError
+
+__all__ = ["Stream", "Target", "chunk_tokens", "load_aiohttp", "first_model", "request", "spread", "tokenize"]
+
+
+def load_aiohttp():
+    """The aiohttp module, or a UserError that says how to install it."""
+    try:
+        import aiohttp
+    except ImportError:
+        raise UserError("perfkit.serving needs aiohttp: pip install 'perfkit[serve]'") from None
+    return aiohttp
+
+
+@dataclass(frozen=True)
+class Target:
+    """What every request of a run shares."""
+
+    url: str
+    model: str
+    chat: bool
+    gen: int
+    timeout: float
+    context: int
+
+    def body(self, prompt: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "max_tokens": self.gen, "temperature": 0, "stream": True}
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        if self.chat:
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        return body
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.url}/v1/chat/completions" if self.chat else f"{self.url}/v1/completions"
+
+
+async def first_model(session, url: str) -> str:
+    async with session.get(f"{url}/v1/models") as response:
+        body = await response.json(content_type=None) if response.status == 200 else None
+    models = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(models, list) or not models or not isinstance(models[0], dict) or not models[0].get("id"):
+        raise UserError(f"serving: {url}/v1/models named no model; pass model=")
+    return str(models[0]["id"])
+
+
+async def tokenize(session, target: Target, prompt: str) -> int | None:
+    """The server's count of `prompt`'s tokens through `POST /tokenize`, None when it has no such route."""
+    async with session.post(f"{target.url}/tokenize", json={"model": target.model, "prompt": prompt}) as response:
+        if response.status in (400, 404, 405, 501):
+            return None
+        body = await response.json(content_type=None)
+    if isinstance(body, dict) and isinstance(body.get("count"), int):
+        return body["count"]
+    if isinstance(body, dict) and isinstance(body.get("tokens"), list):
+        return len(body["tokens"])
+    return None
+
+
+async def request(session, target: Target, prompt: str, *, meter: dict[str, float] | None = None) -> Stream:
+    """One streamed request, read line by line; every outcome ends in the returned Stream, errors included.
+
+    With `meter`, the time this client spends on its lines ("handling") and the thread's CPU time are added to it.
+    """
+    client = load_aiohttp()
+    stream = Stream(chat=target.chat)
+    cpu = time.thread_time()
+    stream.start = time.perf_counter()
+    try:
+        async with session.post(
+            target.endpoint, json=target.body(prompt), timeout=client.ClientTimeout(total=target.timeout)
+        ) as response:
+            if response.status != 200:
+                text = (await response.text(errors="replace"))[:300]
+                stream.fail(f"HTTP {response.status}: {' '.join(text.split())}")
+            else:
+                async for line in response.content:
+                    t = time.perf_counter()
+                    stream.feed(line, t)
+                    if meter is not None:
+                        meter["handling"] += time.perf_counter() - t
+                    if stream.done or stream.error:
+                        break
+    except TimeoutError:
+        stream.fail(f"timed out after {target.timeout:g} s")
+    except (client.ClientError, OSError) as exc:
+        stream.fail(f"{type(exc).__name__}: {exc}")
+    stream.end = time.perf_counter()
+    if not stream.done and not stream.error:
+        stream.fail("the stream ended before data: [DONE] (connection dropped?)")
+    if meter is not None:
+        meter["cpu"] += time.thread_time() - cpu
+    return stream
+
+
+def _choice_text(choice: Any, chat: bool) -> str:
+    if not isinstance(choice, dict):
+        return ""
+    part = choice.get("delta") if chat else choice
+    text = part.get("content" if chat else "text") if isinstance(part, dict) else None
+    return text if isinstance(text, str) else ""
+
+
+@dataclass
+class Stream:
+    """One streamed response read line by line: its frames, its text chunks, its usage, its end.
+
+    The rule of which frame is a text chunk lives here and nowhere else: a text
+    chunk is a `data:` frame in which a choice carries a non-empty string of generated text
+    (`choices[i].text` for completions, `choices[i].delta.content` for chat). A role-only chunk, an
+    empty-text chunk (a finish reason alone) and a usage-only chunk (`choices: []`) are frames: read
+    for their `usage`, never a text chunk. An error frame (`{"error": ...}`, `{"object": "error"}`, or
+    any frame after `event: error`) ends the stream as a failure; `data: [DONE]` ends it well.
+    """
+
+    chat: bool
+    start: float = 0.0
+    end: float = 0.0
+    frames: int = 0  # data: frames, [DONE] excluded
+    chunks: list[tuple[float, int, int | None]] = field(default_factory=list)  # (time, UTF-8 bytes, running tokens)
+    usage: dict[str, Any] | None = None  # the last usage any frame carried
+    done: bool = False
+    error: str | None = None
+    _event: str = ""
+
+    def fail(self, error: str) -> None:
+        if self.error is None:
+            self.error = error
+
+    def feed(self, line: bytes, t: float) -> None:
+        """One line of the SSE stream, received at `t` (time.perf_counter)."""
+        line = line.strip()
+        if line.startswith(b"event:"):
+            self._event = line[6:].strip().decode("utf-8", "replace")
+            return
+        if not line.startswith(b"data:"):
+            return  # blank lines end frames; ":" lines are comments; id: and retry: mean nothing here
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            self.done = True
+            return
+        self.frames += 1
+        try:
+            frame = json.loads(payload)
+        except ValueError:
+            self.fail(f"a frame that is not JSON: {payload[:200].decode('utf-8', 'replace')!r}")
+            return
+        if not isinstance(frame, dict) or self._event == "error" or "error" in frame or frame.get("object") == "error":
+            error = frame.get("error", frame) if isinstance(frame, dict) else frame
+            message = error.get("message", error) if isinstance(error, dict) else error
+            self.fail(f"error frame: {str(message)[:300]}")
+            return
+        if isinstance(frame.get("usage"), dict):
+            self.usage = frame["usage"]
+        choices = frame.get("choices") if isinstance(frame.get("choices"), list) else []
+        text = "".join(_choice_text(c, self.chat) for c in choices)
+        if text:
+            running = self.usage.get("completion_tokens") if isinstance(frame.get("usage"), dict) else None
+            self.chunks.append((t, len(text.encode("utf-8")), running if isinstance(running, int) else None))
+
+
+def chunk_tokens(stream: Stream, output_tokens: int | None) -> tuple[list[int], str]:
+    """Tokens each text chunk carried and where the counts come from ("usage", "bytes" or "")."""
+    running = [r for _, _, r in stream.chunks]
+    if running and all(r is not None for r in running):
+        return [b - a for a, b in zip([0, *running], running)], "usage"
+    sizes = [b for _, b, _ in stream.chunks]
+    if not sizes or output_tokens is None or output_tokens < len(sizes):
+        return [1] * len(sizes), ""
+    # the largest-remainder split of output_tokens over the chunks by their bytes: the counts sum exactly
+    shares = [output_tokens * b / sum(sizes) for b in sizes]
+    counts = [int(x) for x in shares]
+    order = sorted(range(len(sizes)), key=lambda i: counts[i] - shares[i])
+    for i in order[: output_tokens - sum(counts)]:
+        counts[i] += 1
+    return counts, "bytes"
+
+
+def spread(times: list[float], counts: list[int]) -> list[float]:
+    """Per-token gaps: each text chunk's gap to the one before, split evenly over the tokens it carried.
+
+    A chunk that carried no token (its running count did not move) passes its gap on to the next one.
+    """
+    out: list[float] = []
+    carried = 0.0
+    for (before, now), n in zip(zip(times, times[1:]), counts[1:]):
+        carried += now - before
+        if n > 0:
+            out += [carried / n] * n
+            carried = 0.0
+    return out
