@@ -61,7 +61,7 @@ def server(tmp_path_factory):
         tp=2,
         preset="shipped",
         args=("--batch-wait-ms", "50"),
-        env={"PERFKIT_PROFILE": "1"},
+        env={"PERFKIT_PROFILE": "1", "PERFKIT_PROFILE_INTERVAL": "0.5"},
         log_dir=tmp_path_factory.mktemp("serve"),
         startup_timeout=120,
     )
@@ -225,6 +225,19 @@ def test_an_error_once_streaming_is_an_error_frame_then_done():
         "code": 503,
     }
     assert out[3:] == ["data: [DONE]\n\n"]
+
+
+def test_both_ranks_report_their_lines_within_seconds_while_it_keeps_running(server):
+    """The case study's server never exited, so a profiler that printed at exit printed nothing."""
+    pids = get_json(server.url + "/v1/models")[2]["data"][0]["perfkit"]["pids"]
+    _client(server.url).completions.create(model=MODEL, prompt=PROMPT, max_tokens=8)
+    marked = len(server.log_text())
+    wanted = {f"[perfkit-prof pid={pid} rank={rank}] step: n=" for rank, pid in enumerate(pids)}
+    deadline = time.monotonic() + 5
+    while not all(w in server.log_text()[marked:] for w in wanted) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(w in server.log_text()[marked:] for w in wanted), server.log_text()[-2000:]
+    assert server.returncode is None  # still serving
 
 
 def test_sigterm_stops_it_and_every_rank(server):
