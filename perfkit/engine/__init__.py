@@ -27,7 +27,9 @@ Pieces: `model` (target, ModelConfig, KVCache), `drafter` (block drafter, Drafte
 `decode` (Engine, GenerateResult, the step loop), `checkpoints` (weights format, presets,
 `load_engine`), `data` (stdlib text, byte encode/decode, held-out prompts), `train` (the
 training script: `perfkit engine train`), `bench` / `benchmarks` / `cli`
-(`perfkit engine bench|benchmarks|train`). The kernels probes time in isolation live in
+(`perfkit engine bench|benchmarks|train|serve`), and the server: `tp` (one rank's tensor-parallel
+shard), `workers` (one process per rank), `api` (what a request asks for), `serve` (the
+OpenAI-compatible HTTP server). The kernels probes time in isolation live in
 `perfkit.kernels`. Imports are lazy: `import perfkit.engine` does not load torch.
 """
 
