@@ -86,7 +86,7 @@ def test_the_model_and_the_engine_identity(server):
     assert "ready at " + server.url + " (tp 2, ranks pid " in server.log_text()
 
 
-def test_completions_stream_and_not_give_the_engines_greedy_text(server, engine):
+def test_completions_streamed_and_not_give_the_engines_greedy_text(server, engine):
     client = _client(server.url)
     expected = _greedy(engine, PROMPT, 24)
     whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0)
@@ -191,6 +191,25 @@ def test_the_probes_client_measures_it(server):
     assert summary.failed == 0, summary.errors
     assert all(r.prompt_tokens == 64 and r.output_tokens == 16 and r.prompt_mismatch is None for r in results)
     assert summary.token_sources == ("usage",)
+    chat = serving.run(server.url, context=64, gen=8, concurrency=1, requests=2, chat=True)  # a role-only chunk first
+    assert all(r.ok and r.prompt_tokens == 64 and r.chunks >= 1 and r.frames > r.chunks for r in chat)
+    assert all(0 < r.ttft < r.e2e_latency and sum(r.chunk_tokens) == 8 and len(r.itl) == 7 for r in chat)
+
+
+def test_a_profile_window_asks_the_ranks_for_reports_at_its_edges(server):
+    from perfkit.errors import UserError
+    from perfkit.probe import logsources, recording
+
+    with logsources.profile_window(server) as window:
+        (result,) = serving.run(server.url, context=64, gen=16, requests=1, warmup=0)
+    assert window.settle == logsources.ASKED_S  # asked for by SIGUSR1, not waited for
+    rows = window.figures()["step"]
+    assert sorted(r.rank for r in rows) == [0, 1] and len({r.n for r in rows}) == 1  # every rank, the same steps
+    assert 1 <= rows[0].n <= 16 and result.ok
+    with logsources.profile_window(server) as idle:
+        time.sleep(0.2)
+    with pytest.raises(UserError, match="no profile lines for step"):
+        recording.record_profile_lines(idle, names=["step"])  # nothing ran: not a call leaks in from before
 
 
 def test_a_multibyte_character_is_never_split():
@@ -288,13 +307,23 @@ def test_health_is_503_while_the_ranks_load(token_server):
 
 def test_chunk_token_sends_one_token_per_chunk(token_server, engine):
     client = _client(token_server["url"])
-    options = {"continuous_usage_stats": True}
+    options = {"include_usage": True, "continuous_usage_stats": True}  # vLLM's: the running usage needs both
     chunks = list(
         client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, stream=True, stream_options=options)
     )
     text = [c for c in chunks if c.choices and c.choices[0].text]
     assert [c.usage.completion_tokens for c in text] == list(range(1, 17))
     assert "".join(c.choices[0].text for c in text) == _greedy(engine, PROMPT, 16)
+
+
+def test_sigusr1_without_profiling_is_ignored_not_fatal(token_server):
+    """`systemctl kill -s USR1` signals every process of a unit: a server that does not profile shrugs."""
+    process = token_server["process"]
+    pids = get_json(token_server["url"] + "/v1/models")[2]["data"][0]["perfkit"]["pids"]
+    os.kill(process.pid, signal.SIGUSR1)
+    time.sleep(0.3)
+    assert process.poll() is None and all(_alive(pid) for pid in pids)
+    assert _client(token_server["url"]).completions.create(model=MODEL, prompt=PROMPT, max_tokens=4).choices
 
 
 def test_a_killed_rank_fails_requests_at_once_and_health_says_why(token_server):

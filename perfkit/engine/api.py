@@ -90,5 +90,6 @@ def params(body: dict, chat: bool) -> dict:
         raise Failure(400, "stream_options must be an object", "stream_options")
     tokens = data.encode(chat_prompt(body.get("messages"))) if chat else prompt_tokens(body.get("prompt"))
     p = dict(tokens=tokens, max_tokens=max_tokens, temperature=temperature, seed=_number(body, "seed", 0, int))
-    p.update(stream=bool(body.get("stream")), include_usage=bool(options.get("include_usage")))
-    return dict(p, continuous=bool(options.get("continuous_usage_stats")))
+    include_usage = bool(options.get("include_usage"))
+    p.update(stream=bool(body.get("stream")), include_usage=include_usage)
+    return dict(p, continuous=include_usage and bool(options.get("continuous_usage_stats")))  # as vLLM: both

@@ -13,7 +13,7 @@ What a request may ask for, its defaults and the chat template: perfkit.engine.a
 runs to max_tokens (finish_reason "length").
 A stream has a chunk per decode step (a speculative step's carries all its tokens) or, with --chunk
 token, per token, never splitting a UTF-8 character; the last has the finish_reason; a usage-only
-chunk (choices []) follows with stream_options.include_usage; with continuous_usage_stats every
+chunk (choices []) follows with stream_options.include_usage; with continuous_usage_stats too every
 chunk has the running usage (as vLLM); then `data: [DONE]`. A chat stream starts with a role-only
 chunk. An error once streaming is a `data: {"error": ...}` frame, then [DONE]; before, an
 OpenAI-shaped error with its HTTP status.
@@ -23,7 +23,8 @@ that can share it (equal max_tokens; prompts of APPROX_FROM tokens or more of eq
 up to --batch-wait-ms for more. A sampled request runs alone (the engine keys its noise on the batch
 slot). SIGTERM or SIGINT: requests get 503, the ranks are closed (they exit normally: PERFKIT_PROFILE
 summaries print to this server's stderr), and the process exits 0. With PERFKIT_SERVE_PARENT=pid
-(perfkit.serving sets it), the server also stops when that process is gone.
+(perfkit.serving sets it), the server also stops when that process is gone. SIGUSR1 asks the
+ranks for their profile lines at once (with PERFKIT_PROFILE; ignored otherwise).
 """
 
 from __future__ import annotations
@@ -415,11 +416,32 @@ def serve(args) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises the signal it stopped on: let it pass
         signal.signal(sig, lambda *_: None)
     _exit_with(os.environ.get("PERFKIT_SERVE_PARENT"))
+    _pass_on_reports(state.workers)
     try:
         state.server.run()
     finally:
         state.join()
     return state.exit_code
+
+
+def _pass_on_reports(workers: Workers) -> None:
+    """SIGUSR1 (`kill -USR1`, `systemctl kill -s USR1`) asks the ranks for their profile lines now,
+    when they profile (PERFKIT_PROFILE in this environment, which they inherit); else it is ignored,
+    never the end of the server or of a rank that has no handler for it."""
+    from perfkit.probe import spans
+
+    if not spans.enabled():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        return
+
+    def ask(*_):
+        if not workers.loaded:  # a rank still importing has no handler yet: the signal would end it
+            return
+        for pid in workers.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+
+    signal.signal(signal.SIGUSR1, ask)
 
 
 def _exit_with(parent: str | None) -> None:

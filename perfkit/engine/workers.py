@@ -188,6 +188,11 @@ class Workers:
         return self.dead is None and len(self._ready) == self.tp
 
     @property
+    def loaded(self) -> bool:
+        """Every rank has said it is ready (set up its signal handlers too); never blocks or reads."""
+        return len(self._ready) == self.tp
+
+    @property
     def dead(self) -> str | None:
         """Why the workers are unusable (a rank died, failed, or close() was called); None while fine."""
         if self._dead is None:

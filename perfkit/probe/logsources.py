@@ -352,8 +352,14 @@ def source_of(source: Any, lookback: float = 3600.0):
     )
 
 
+ASKED_S = 0.3  # how long a report asked for with SIGUSR1 takes to land, from an idle server
+
+
 def _settle(source: Any) -> float:
-    """Enough for one periodic report of the server this probe started: 1.5 x its interval, or 0."""
+    """Enough for one report of the server this probe started: ASKED_S when it reports when asked
+    (`source.report()`), else 1.5 x its periodic interval, or 0."""
+    if callable(getattr(source, "report", None)) and source.report(dry=True):
+        return ASKED_S
     env = getattr(source, "env", None)
     interval = env.get("PERFKIT_PROFILE_INTERVAL") if isinstance(env, dict) else None
     try:
@@ -369,13 +375,21 @@ class ProfileWindow:
     def __init__(self, source: Any, *, settle: float | None = None, lookback: float = 3600.0) -> None:
         many = isinstance(source, (list, tuple))
         given = list(source) if many else [source]
+        self._given = given
         self.sources = [source_of(s, lookback) for s in given]
         self._origins = [s.label if many else "" for s in self.sources]
         self.settle = max(_settle(s) for s in given) if settle is None else settle
         self.start = self.end = math.nan
         self.lines = Lines()
 
+    def _ask(self) -> None:
+        """Ask every source that can (a server this probe started) for a report now."""
+        for source in self._given:
+            if callable(getattr(source, "report", None)):
+                source.report()
+
     def __enter__(self) -> ProfileWindow:
+        self._ask()
         time.sleep(self.settle)  # a report of the quiet before the load lands before the window
         for s, origin in zip(self.sources, self._origins, strict=True):
             s.begin(origin)
@@ -387,6 +401,7 @@ class ProfileWindow:
             for s in self.sources:
                 s.close()
             return
+        self._ask()
         time.sleep(self.settle)  # the report of the load's last calls lands inside
         self.end = time.time()
         for s, origin in zip(self.sources, self._origins, strict=True):

@@ -142,7 +142,7 @@ class Server:
             code = self._process.poll()
             if code is not None:
                 raise UserError(f"perfkit engine serve exited with status {code} before it was ready{self._tail()}")
-            if _health(self.url) == 200:
+            if _health(self.url) == 200 and self._ours():
                 break
             if time.monotonic() > deadline:
                 raise UserError(
@@ -150,8 +150,30 @@ class Server:
                     + self._tail()
                 )
             time.sleep(0.2)
-        with contextlib.suppress(UserError):
-            self._pids = [int(p) for p in identity(self.url).get("engine", {}).get("pids", []) or []]
+
+    def _ours(self) -> bool:
+        """Whether the server answering at our URL is the process we started, and then its ranks' pids.
+        The port was free when chosen and is bound a moment later: another server may have taken it."""
+        try:
+            engine = identity(self.url).get("engine", {})
+        except UserError:
+            return False
+        if engine.get("server_pid") != self._process.pid:
+            return False
+        self._pids = [int(p) for p in engine.get("pids", []) or []]
+        return True
+
+    def report(self, *, dry: bool = False) -> bool:
+        """Ask the server's ranks to print their profile lines now (SIGUSR1 to the server, which
+        passes it on); whether it can, i.e. it runs with PERFKIT_PROFILE on. `dry`: only say."""
+        env = {**os.environ, **(self.env or {})}
+        profiling = env.get("PERFKIT_PROFILE", "").strip().lower() in ("1", "true", "yes", "on")
+        if not profiling or self._process is None or self._process.poll() is not None or not self._pids:
+            return False
+        if not dry:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.send_signal(signal.SIGUSR1)
+        return True
 
     def log_text(self) -> str:
         """Everything the server wrote to stdout and stderr so far."""

@@ -4,7 +4,9 @@
         results = serving.run(srv.url, context=512, gen=64, concurrency=4)
     serving.record(results, at={"ctx": 512})
 
-What counts, defined here once (the names are those of SGLang's bench_serving and vLLM's benchmark):
+What counts, defined here once (`ttft`, `tpot`, `itl`, `e2e_latency`, `output_throughput` and
+`request_throughput` are SGLang's bench_serving names, vLLM's but for `e2el`; `itl_chunk`,
+`prefill_tok_s` and `decode_tok_s` are perfkit's):
 
 - A *text chunk* is a `data:` frame in which a choice carries generated text (the rule, in full, is
   `streams.Stream`'s): a role-only, an empty-text or a usage-only chunk is never the first token,
@@ -17,13 +19,19 @@ What counts, defined here once (the names are those of SGLang's bench_serving an
   Tokens per chunk come from the running `usage.completion_tokens` a server sends in every chunk
   when asked (`stream_options.continuous_usage_stats`, vLLM's name); from a server that does not,
   the final `usage.completion_tokens` is split over the text chunks in proportion to their UTF-8
-  bytes, exact for a byte vocabulary like the bundled engine's (`token_source` says which).
+  bytes, exact for a byte vocabulary like the bundled engine's (`token_source` says which). With
+  neither, `itl` is not recorded: a gap per chunk is never passed off as a gap per token.
 - `output_tokens`: the server's `usage.completion_tokens` (`chunks` is the text chunk count);
   `prompt_tokens`: the server's `usage.prompt_tokens`, checked against the tokens meant.
 - `tpot` = (e2e_latency - ttft) / (output_tokens - 1); `decode_tok_s` = its inverse;
   `prefill_tok_s` = prompt_tokens / ttft.
 - `output_throughput`: the completed requests' output tokens / the wall time from the first POST to
-  the last stream's end; `request_throughput`: completed requests / the same wall time.
+  the last stream's end (less the time spent in `run(each=...)`); `request_throughput`: completed
+  requests / the same wall time.
+
+Prompts have exactly `context` tokens on a byte-vocabulary server (the bundled engine); on another
+the server's counts are checked, and a mismatch is in every note. Requests ask for `ignore_eos`, so a
+server that honours it (vLLM, SGLang) generates all `gen` tokens; a shorter answer is counted.
 
 A failed request (an HTTP error, an error frame, a dropped connection, no `[DONE]`, a timeout) is kept
 with its error text, never dropped. aiohttp is needed (`pip install 'perfkit[serve]'`).
@@ -86,7 +94,7 @@ class RequestResult:
     ttft: float | None
     e2e_latency: float | None
     itl_chunk: tuple[float, ...]
-    itl: tuple[float, ...]  # per token
+    itl: tuple[float, ...]  # per token; () when the tokens per chunk are unknown (token_source "")
     waited: float = 0.0  # seconds spent in run(each=...)'s context manager around this request
 
     @property
@@ -154,7 +162,7 @@ def _result(index: int, stream: Stream, target: Target, tokenized: int | None, o
         ttft=first,
         e2e_latency=stream.end - stream.start if not stream.error else None,
         itl_chunk=tuple(b - a for a, b in zip(times, times[1:])) if not stream.error else (),
-        itl=tuple(spread(times, counts)) if not stream.error else (),
+        itl=tuple(spread(times, counts)) if not stream.error and source else (),  # never a gap per chunk
     )
 
 
@@ -299,6 +307,13 @@ def summary(results: list[RequestResult]) -> Summary:
     )
 
 
+_NONE = {  # why a figure has no sample although requests completed
+    "itl": "the server said neither how many tokens each chunk carried nor how many it generated in all",
+    "tpot": "no request generated two tokens with a usage count",
+    "decode_tok_s": "no request generated two tokens with a usage count",
+}
+
+
 def _per_request(ok: list[RequestResult]) -> dict[str, tuple[str, list[float]]]:
     """name -> (unit, samples): one sample per completed request, or per chunk / token for the ITLs."""
     ms = 1e3
@@ -339,9 +354,13 @@ def record(results: list[RequestResult], *, at: dict[str, Any] | None = None, pr
         raise UserError(f"serving: all {s.requests} requests failed; {s.errors[0]}")
     base = f"{s.completed} completed requests{warn}"
     for name, (unit, samples) in _per_request([r for r in results if r.ok]).items():
+        if not samples:
+            print(f"perfkit.serving: no {name} to record ({_NONE[name] if name in _NONE else 'no request gave it'})")
+            continue
         note = base
         if name == "itl":
-            note += f"; each chunk's gap spread over its tokens (tokens per chunk from {', '.join(s.token_sources)})"
+            sources = ", ".join(filter(None, s.token_sources))
+            note += f"; each chunk's gap spread over its tokens (tokens per chunk from {sources})"
         recording.record(prefix + name, samples, unit=unit, at=at, note=note)
     note = f"{s.output_tokens} tokens of {s.completed} requests in {s.wall_s:.3f} s{warn}"
     recording.record(f"{prefix}output_throughput", [s.output_throughput], unit="tok/s", at=at, note=note)

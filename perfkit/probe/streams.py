@@ -41,6 +41,7 @@ class Target:
 
     def body(self, prompt: str) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "max_tokens": self.gen, "temperature": 0, "stream": True}
+        body["ignore_eos"] = True  # vLLM's and SGLang's: generate all `gen` tokens (the bundled engine always does)
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         if self.chat:
             body["messages"] = [{"role": "user", "content": prompt}]
@@ -64,10 +65,13 @@ async def first_model(session, url: str) -> str:
 
 async def tokenize(session, target: Target, prompt: str) -> int | None:
     """The server's count of `prompt`'s tokens through `POST /tokenize`, None when it has no such route."""
-    async with session.post(f"{target.url}/tokenize", json={"model": target.model, "prompt": prompt}) as response:
-        if response.status in (400, 404, 405, 501):
-            return None
-        body = await response.json(content_type=None)
+    try:
+        async with session.post(f"{target.url}/tokenize", json={"model": target.model, "prompt": prompt}) as response:
+            if response.status != 200:
+                return None
+            body = await response.json(content_type=None)
+    except (load_aiohttp().ClientError, OSError, ValueError):  # the requests themselves will say what is wrong
+        return None
     if isinstance(body, dict) and isinstance(body.get("count"), int):
         return body["count"]
     if isinstance(body, dict) and isinstance(body.get("tokens"), list):
