@@ -317,3 +317,18 @@ def test_a_window_over_a_live_process_counts_exactly_the_calls_made_in_it(tmp_pa
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_whole_log_is_read_by_source_and_a_file_name_is_not_taken_for_text(tmp_path, shown):
+    log = tmp_path / "serve.log"
+    log.write_text(f"{line(11, 10, 2.0, rank=0)}\n{line(12, 20, 8.0, rank=1)}\n")
+    recording.record_profile_lines(source=log, names=[NAME])
+    assert samples(shown, NAME) == pytest.approx([0.2, 0.4]) and samples(shown, f"{NAME}_calls") == [30]
+    server = types.SimpleNamespace(log_path=log)
+    assert recording.record_profile_lines(source=server, names=[NAME], prefix="s_")[0] == f"s_{NAME}"
+    with pytest.raises(UserError, match="is a file's name, not its text: pass source="):
+        recording.record_profile_lines(str(log), names=[NAME])
+    with pytest.raises(UserError, match="read over a window"):
+        recording.record_profile_lines(source="journal:engine", names=[NAME])
+    with pytest.raises(UserError, match="cannot read"):
+        recording.record_profile_lines(source=tmp_path / "missing.log")

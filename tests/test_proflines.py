@@ -133,6 +133,9 @@ def test_one_pid_in_two_containers_or_hosts_is_two_processes():
         ("10:00:00.5 [rank0]:", "[rank0]:"),
         ("May 01 10:00:00 gpu-node-3 python3[4411]: ", "gpu-node-3 python3[4411]:"),
         ("2024-05-01T10:00:00+0000 gpu-node-3 engine[12]: ", "gpu-node-3 engine[12]:"),
+        ("engine-1  | 2024-05-01T10:00:00.123456789Z ", "engine-1 |"),  # docker compose logs -t
+        ("[pod/engine-0/engine] 2024-05-01T10:00:01Z ", "[pod/engine-0/engine]"),  # kubectl logs --prefix --timestamps
+        ("engine-1.2 ", "engine-1.2"),  # a version in a name is not a timestamp
     ],
 )
 def test_the_origin_is_the_prefix_without_its_timestamps(prefix, origin):

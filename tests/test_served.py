@@ -177,3 +177,11 @@ def test_perfkit_run_judges_the_serving_hypotheses_against_a_server_it_starts(tm
     floor = got["served-prepare-for-verify-under-1ms"]
     assert floor.measured is not None and floor.measured.value > 0, floor.reason  # the ranks' lines, long phase
     assert _servers() - before == set()  # the server and its ranks are gone
+
+
+def test_a_change_the_words_do_not_show_is_named_field_by_field():
+    before = {"url": "http://h:1", "model": "m", "root": "m", "engine": {"tp": 2, "commit": "abc", "threads": 1}}
+    after = {**before, "engine": {"tp": 2, "commit": "abc-dirty", "threads": 1}}
+    assert served.describe(before) == served.describe(after)
+    assert served.change(before, after) == "commit abc -> abc-dirty"
+    assert served.change(before, {**before, "engine": {"tp": 4}}).endswith("(tp 4)")

@@ -4,10 +4,11 @@
     -> perfkit engine serve: ready at http://127.0.0.1:8000 (tp 2, ranks pid 123 rank 0, pid 124 rank 1)
 Routes: GET /health (200 {"status": "ok"} when ready; 503 with the reason while the ranks load or
 after one died), GET /v1/models (one model, "perfkit-<preset>"; its "perfkit" member is the engine's
-identity: preset, tp, mode, budget, mask, tree, device, dtype, fill, version, commit (of the perfkit
-source when it is a git checkout, else null), max_model_len, and, new on every start, "pids" (the
-ranks) and "server_pid"), GET /stats (batches, requests, largest_batch, queued), POST /tokenize,
-POST /v1/completions, POST /v1/chat/completions. Every response has an `x-perfkit-engine` header.
+identity: preset, tp, mode, budget, mask, tree, device, dtype, fill, threads, version, commit (of
+the perfkit source when it is a git checkout, `-dirty` when its perfkit/ has changes, else null),
+max_model_len, and, new on every start, "pids" (the ranks) and "server_pid"), GET /stats (batches,
+requests, largest_batch, queued), POST /tokenize, POST /v1/completions, POST /v1/chat/completions.
+Every response has an `x-perfkit-engine` header.
 
 What a request may ask for, its defaults and the chat template: perfkit.engine.api. Generation
 runs to max_tokens (finish_reason "length").
@@ -174,6 +175,9 @@ class State:
         git = git_try(root, "rev-parse", "--show-toplevel", "HEAD")
         lines = git.stdout.split() if git is not None and git.returncode == 0 else []
         self.commit = lines[1] if len(lines) == 2 and Path(lines[0]).resolve() == root else None
+        edited = git_try(root, "status", "--porcelain", "--", "perfkit") if self.commit else None
+        if edited is not None and edited.stdout.strip():
+            self.commit += "-dirty"  # the engine's source differs from that commit: not the same server
 
     def engine(self) -> dict:
         max_len = self.workers.limits.get("max_seq_len")

@@ -316,7 +316,7 @@ class Workers:
         except subprocess.TimeoutExpired:  # its pipe closed but it lingers
             proc.kill()
             code = proc.wait()
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        how = f"killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
         return f"rank {rank} (pid {proc.pid}) died: {how}"
 
     def _raise_died(self, rank: int):
@@ -374,6 +374,13 @@ def _terminate(procs: list[subprocess.Popen], grace: float) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time or otherwise unnamed signal
+        return f"signal {number}"
 
 
 def _threads() -> int:

@@ -18,7 +18,7 @@ from perfkit import endpoints
 SERVER_PARAM = "server_url"  # the probe parameter naming the server; empty: the probe starts its own
 STARTED = {"started_by_probe": True}  # the identity of a server each replicate starts itself
 TIMEOUT_S = 5.0
-VOLATILE = ("pids", "server_pid")  # change on every restart of the same server: not part of its identity
+VOLATILE = ("pids", "server_pid", "max_model_len")  # change on a restart, or once loaded: not its identity
 _SHOWN = ("tp", "mode", "preset", "budget", "device", "dtype", "version")
 
 
@@ -47,3 +47,18 @@ def describe(server: dict[str, Any] | None) -> str:
     shown = ", ".join(f"{k} {engine[k]}" for k in _SHOWN if engine.get(k) not in (None, ""))
     model = server.get("model") or "an unnamed model"
     return f"{model} at {server.get('url')}" + (f" ({shown})" if shown else "")
+
+
+def change(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
+    """How the server changed, in words: the two descriptions, or, when those read alike, the fields
+    that differ (a commit, a thread count), so a change is never "A -> A"."""
+    said_before, said_after = describe(before), describe(after)
+    if said_before != said_after:
+        return f"{said_before or 'none'} -> {said_after or 'none'}"
+
+    def fields(server: dict[str, Any] | None) -> dict[str, Any]:
+        server = server or {}
+        return {**{k: v for k, v in server.items() if k != "engine"}, **(server.get("engine") or {})}
+
+    x, y = fields(before), fields(after)
+    return ", ".join(f"{k} {x.get(k)} -> {y.get(k)}" for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k))

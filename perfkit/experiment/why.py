@@ -98,9 +98,7 @@ def differences(project: Project, manifest: dict, then: dict, planned: Execution
         said.append("perfkit's own source changed")
     said += _environment(manifest.get("cache_key") or {}, now.environment)
     if (then.get("server") or None) != planned.server:
-        said.append(
-            f"the server changed: {served.describe(then.get('server')) or 'none'} -> {served.describe(planned.server)}"
-        )
+        said.append(f"the server changed: {served.change(then.get('server'), planned.server)}")
     profile = (manifest.get("options") or {}).get("profile")
     if profile != now.profile:
         said.append(f"profiler {profile or 'none'} -> {now.profile or 'none'}")

@@ -6,7 +6,7 @@ grow with its history), with its periodic log line on, and beside them torch.pro
 `record_function` and, on CUDA, an NVTX range; each as nanoseconds per call with a 95% interval
 and the difference to the bare call. A profiler that moves the number it measures is worse than
 none; this says by how much. `--serving [URL]` measures instead what perfkit.serving's client
-costs per streamed chunk, beside a bare aiohttp loop reading the same streams.
+costs per streamed frame, beside a bare aiohttp loop reading the same streams.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def main(argv: list[str]) -> int:
         nargs="?",
         const="start",
         metavar="URL",
-        help="instead: perfkit.serving's cost per streamed chunk beside a bare aiohttp read, against URL "
+        help="instead: perfkit.serving's cost per streamed frame beside a bare aiohttp read, against URL "
         "(or, without one, a `perfkit engine serve --tp 1 --chunk token` started for the measurement)",
     )
     parser.add_argument("--requests", type=int, default=8, help="with --serving: requests per reader (default 8)")
@@ -170,7 +170,7 @@ def main(argv: list[str]) -> int:
 
 
 def serving_report(url: str, *, requests: int) -> str:
-    """The client's own cost per chunk: perfkit.serving.overhead against `url`, or a server started here."""
+    """The client's own cost per streamed frame: perfkit.serving.overhead against `url`, or a server started here."""
     from perfkit.probe import serving
 
     if url != "start":

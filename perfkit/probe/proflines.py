@@ -107,12 +107,17 @@ class ProfLine:
         return who + (f" rank {self.rank}" if self.rank is not None else "")
 
 
+_ANY_STAMP = re.compile(r"(?<![^\s|])" + _STAMP.pattern)  # a timestamp after a blank or a "|", wherever it is
+
+
 def origin(prefix: str) -> str:
-    """The origin named by the text before `[perfkit-prof` on a line: less timestamps and blanks."""
+    """The origin named by the text before `[perfkit-prof` on a line: less its timestamps (first, as
+    journalctl and docker put them, or after a name, as `docker compose logs -t` and `kubectl logs
+    --prefix --timestamps` do), blanks collapsed."""
     while True:
-        stripped = _STAMP.sub("", prefix.lstrip(), count=1) if _STAMP.match(prefix.lstrip()) else prefix
+        stripped = _ANY_STAMP.sub(" ", prefix)
         if stripped == prefix:
-            return prefix.strip()
+            return " ".join(prefix.split())
         prefix = stripped
 
 

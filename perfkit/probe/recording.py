@@ -11,6 +11,7 @@ function, whatever was imported first.)
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -179,7 +180,12 @@ def record_breakdown(steps: Any, *, unit: str = "ms", at: dict[str, Any] | None 
 
 
 def record_profile_lines(
-    lines: Any, *, names: list[str] | None = None, at: dict[str, Any] | None = None, prefix: str = ""
+    lines: Any = None,
+    *,
+    source: Any = None,
+    names: list[str] | None = None,
+    at: dict[str, Any] | None = None,
+    prefix: str = "",
 ) -> list[str]:
     """Record what a service's workers' `[perfkit-prof]` lines say; returns the metric names recorded.
 
@@ -188,7 +194,8 @@ def record_profile_lines(
         `"docker:CONTAINER"`): each process's calls *in the window*, its last line inside less its
         last line before (n and total exact, mean = total / n), or
       - a list of windows (one per request, say): what follows, once per window, or
-      - a string of log text: each process's whole life so far (its latest line).
+      - a string of log text: each process's whole life so far (its latest line); `source=` a log
+        file's path or a started server reads its whole log so.
     For each span name (every one seen, or those in `names`) three metrics are recorded:
       - `{prefix}{name}`: one sample per process (per rank) and window, its mean in ms, in rank order;
       - `{prefix}{name}_slowest_rank`: one sample per window, the largest of its processes' means (a
@@ -204,6 +211,9 @@ def record_profile_lines(
     """
     from perfkit.probe import proflines
 
+    lines = _log_text(source) if source is not None else lines
+    if isinstance(lines, str) and "\n" not in lines and proflines.PREFIX not in lines and os.path.isfile(lines):
+        raise UserError(f"record_profile_lines: {lines!r} is a file's name, not its text: pass source={lines!r}")
     windows = list(lines) if isinstance(lines, list | tuple) else [lines]
     if isinstance(lines, str):
         groups, where = [proflines.latest(proflines.parse(lines))], "the text"
@@ -221,6 +231,21 @@ def record_profile_lines(
         seen = [getattr(w, "lines", None) for w in windows] if not isinstance(lines, str) else [None]
         recorded += _record_processes([g[name] for g in groups], prefix + name, at, seen)
     return recorded
+
+
+def _log_text(source: Any) -> str:
+    """The whole log of `source`: a file's path, or a server this probe started (its `log_path`)."""
+    path = getattr(source, "log_path", source)
+    if not isinstance(path, str | os.PathLike) or str(path).startswith(("journal:", "docker:")):
+        raise UserError(
+            f"record_profile_lines: source={source!r} is read over a window: "
+            "`with perfkit.profile_window(source) as w: ...`, then record_profile_lines(w)"
+        )
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise UserError(f"record_profile_lines: cannot read {path}: {exc.strerror}") from None
 
 
 def _nothing_for(missing: list[str], found: set[str], where: str) -> str:

@@ -52,7 +52,7 @@ from perfkit import units
 from perfkit.errors import UserError
 from perfkit.probe import recording
 from perfkit.probe.servers import Remote, Server, identity, server
-from perfkit.probe.streams import Stream, Target, chunk_tokens, first_model, load_aiohttp, request, spread, tokenize
+from perfkit.probe.streams import Stream, Target, chunk_tokens, load_aiohttp, request, spread, tokenize
 from perfkit.probe.workload import arrival_times, make_prompts
 
 __all__ = [
@@ -118,6 +118,14 @@ class RequestResult:
         if self.ttft is None or not self.prompt_tokens or self.ttft <= 0:
             return None
         return self.prompt_tokens / self.ttft
+
+
+def _model(url: str) -> str:
+    """The first model the server at `url` names (`GET /v1/models`); a UserError when it names none."""
+    model = identity(url)["model"]
+    if not model:
+        raise UserError(f"serving: {url}/v1/models named no model; pass model=")
+    return str(model)
 
 
 def _sync(make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -240,13 +248,14 @@ def run(
     if each is not None and concurrency != 1:
         raise UserError(f"serving.run: each= brackets one request at a time; concurrency must be 1, got {concurrency}")
     url = url.rstrip("/")
+    model = model or _model(url)
     prompts = make_prompts(warmup + requests, context, seed=seed, text=text, tag=uuid.uuid4().hex[:6])
     http = load_aiohttp()
 
     async def go() -> list[RequestResult]:
         connector = http.TCPConnector(limit=concurrency + 1)
         async with http.ClientSession(connector=connector) as session:
-            target = Target(url, model or await first_model(session, url), chat, gen, timeout, context)
+            target = Target(url, model, chat, gen, timeout, context)
             plan = {"warmup": warmup, "concurrency": concurrency, "rate": rate, "seed": seed, "each": each}
             return await _measured(session, target, prompts, plan)
 
@@ -397,6 +406,8 @@ def overhead(
     """
     if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
         raise UserError(f"serving.overhead: requests must be a positive integer, got {requests!r}")
+    url = url.rstrip("/")
+    model = model or _model(url)
     prompts = make_prompts(requests, context, tag=uuid.uuid4().hex[:6])
     http = load_aiohttp()
     client = {"frames": 0.0, "chunks": 0.0, "cpu": 0.0, "handling": 0.0}
@@ -404,7 +415,7 @@ def overhead(
 
     async def go() -> None:
         async with http.ClientSession(connector=http.TCPConnector(limit=2)) as session:
-            target = Target(url.rstrip("/"), model or await first_model(session, url.rstrip("/")), chat, gen, 600, 0)
+            target = Target(url, model, chat, gen, 600, 0)
             for i, prompt in enumerate(prompts):
                 for reader in ("client", "bare") if i % 2 == 0 else ("bare", "client"):
                     if reader == "bare":

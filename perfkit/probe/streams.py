@@ -16,7 +16,7 @@ from typing import Any
 
 from perfkit.errors import UserError
 
-__all__ = ["Stream", "Target", "chunk_tokens", "load_aiohttp", "first_model", "request", "spread", "tokenize"]
+__all__ = ["Stream", "Target", "chunk_tokens", "load_aiohttp", "request", "spread", "tokenize"]
 
 
 def load_aiohttp():
@@ -52,15 +52,6 @@ class Target:
     @property
     def endpoint(self) -> str:
         return f"{self.url}/v1/chat/completions" if self.chat else f"{self.url}/v1/completions"
-
-
-async def first_model(session, url: str) -> str:
-    async with session.get(f"{url}/v1/models") as response:
-        body = await response.json(content_type=None) if response.status == 200 else None
-    models = body.get("data") if isinstance(body, dict) else None
-    if not isinstance(models, list) or not models or not isinstance(models[0], dict) or not models[0].get("id"):
-        raise UserError(f"serving: {url}/v1/models named no model; pass model=")
-    return str(models[0]["id"])
 
 
 async def tokenize(session, target: Target, prompt: str) -> int | None:
