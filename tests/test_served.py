@@ -173,7 +173,8 @@ def test_perfkit_run_judges_the_serving_hypotheses_against_a_server_it_starts(tm
     for h in got.values():
         assert h.verdict in ("confirmed", "refuted", "inconclusive"), (h.id, h.verdict, h.reason, lines[-20:])
     (execution,) = {e.key: e for h in got.values() for e in h.executions}.values()  # one execution serves all three
-    assert execution.server == served.STARTED
+    engine = {"tp": 2, "preset": "shipped", "mode": "spec", "mask": "naive", "tree": "heap"}  # the notebook's
+    assert execution.server == {**served.STARTED, "engine": engine}
     floor = got["served-prepare-for-verify-under-1ms"]
     assert floor.measured is not None and floor.measured.value > 0, floor.reason  # the ranks' lines, long phase
     assert _servers() - before == set()  # the server and its ranks are gone
@@ -181,7 +182,15 @@ def test_perfkit_run_judges_the_serving_hypotheses_against_a_server_it_starts(tm
 
 def test_a_change_the_words_do_not_show_is_named_field_by_field():
     before = {"url": "http://h:1", "model": "m", "root": "m", "engine": {"tp": 2, "commit": "abc", "threads": 1}}
-    after = {**before, "engine": {"tp": 2, "commit": "abc-dirty", "threads": 1}}
+    after = {**before, "engine": {"tp": 2, "commit": "abc", "threads": 2}}
     assert served.describe(before) == served.describe(after)
-    assert served.change(before, after) == "commit abc -> abc-dirty"
+    assert served.change(before, after) == "threads 1 -> 2"
     assert served.change(before, {**before, "engine": {"tp": 4}}).endswith("(tp 4)")
+    assert "(tp 2, commit abc)" in served.describe(before)
+
+
+def test_a_server_the_probe_starts_is_described_by_the_parameters_it_starts_it_with():
+    chosen = served.started({"tp": 2, "preset": "shipped", "mode": "spec", "mask": None})
+    assert chosen == {"started_by_probe": True, "engine": {"tp": 2, "preset": "shipped", "mode": "spec"}}
+    assert served.describe(chosen) == "a server each replicate started itself (tp 2, preset shipped, mode spec)"
+    assert served.started({}) == served.STARTED

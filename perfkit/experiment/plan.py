@@ -184,16 +184,23 @@ def _server(declared: dict | str, point: dict[str, Any], servers: dict[str, dict
     """The identity of the server a probe with a `server_url` parameter drives at this point (asked once per URL)."""
     if not isinstance(declared, dict) or served.SERVER_PARAM not in declared:
         return None
-    url = point.get(served.SERVER_PARAM)
-    if url is None:  # the notebook's default, as papermill reports it (source text)
-        try:
-            url = ast.literal_eval(str(declared[served.SERVER_PARAM].get("default") or '""'))
-        except (ValueError, SyntaxError):
-            url = ""
-    url = str(url or "")
+    url = str(_value(declared, point, served.SERVER_PARAM) or "")
+    if not url:  # the probe starts its own: described by the parameters it starts it with
+        chosen = {name: _value(declared, point, name) for name in served.STARTED_WITH if name in declared}
+        return served.started(chosen)
     if url not in servers:
         servers[url] = served.identity(url)
     return servers[url]
+
+
+def _value(declared: dict, point: dict[str, Any], name: str) -> Any:
+    """A parameter's value at this point: given, else the notebook's default (papermill reports its source text)."""
+    if name in point:
+        return point[name]
+    try:
+        return ast.literal_eval(str(declared[name].get("default") or '""'))
+    except (ValueError, SyntaxError):
+        return None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from perfkit import endpoints
 
 SERVER_PARAM = "server_url"  # the probe parameter naming the server; empty: the probe starts its own
 STARTED = {"started_by_probe": True}  # the identity of a server each replicate starts itself
+STARTED_WITH = ("tp", "preset", "mode", "mask", "tree")  # the probe's parameters that say which server it starts
 TIMEOUT_S = 5.0
 VOLATILE = ("pids", "server_pid", "max_model_len")  # change on a restart, or once loaded: not its identity
 _SHOWN = ("tp", "mode", "preset", "budget", "device", "dtype", "version")
@@ -35,16 +36,25 @@ def identity(url: str, *, timeout: float = TIMEOUT_S) -> dict[str, Any]:
     return {"url": url, "model": found["model"], "root": found["root"], **({"engine": engine} if engine else {})}
 
 
+def started(chosen: dict[str, Any]) -> dict[str, Any]:
+    """The identity of a server each replicate starts itself, with the parameters it starts it with."""
+    engine = {k: v for k, v in chosen.items() if v not in (None, "")}
+    return {**STARTED, **({"engine": engine} if engine else {})}
+
+
 def describe(server: dict[str, Any] | None) -> str:
     """The server in words, for the ledger and `perfkit show`."""
     if not server:
         return ""
+    engine = server.get("engine") or {}
     if server.get("started_by_probe"):
-        return "a server each replicate started itself"
+        shown = ", ".join(f"{k} {engine[k]}" for k in STARTED_WITH if k in engine)
+        return "a server each replicate started itself" + (f" ({shown})" if shown else "")
     if "unreachable" in server:
         return f"{server.get('url')} (unreachable: {server['unreachable']})"
-    engine = server.get("engine") or {}
     shown = ", ".join(f"{k} {engine[k]}" for k in _SHOWN if engine.get(k) not in (None, ""))
+    if engine.get("commit"):
+        shown += f"{', ' if shown else ''}commit {str(engine['commit'])[:12]}"
     model = server.get("model") or "an unnamed model"
     return f"{model} at {server.get('url')}" + (f" ({shown})" if shown else "")
 
