@@ -85,6 +85,41 @@ def test_a_commit_killed_between_results_and_plots_is_flagged_and_rolled_forward
     assert main(["--root", str(project.root), "ledger", "--check"]) == 0
 
 
+def _pending(project, run_id: str, journal: dict | None = None, results: bytes | None = None) -> Path:
+    """A commit a killed run left pending, as it would lie on disk (possibly tampered with)."""
+    stage = commit.staging_dir(project, run_id)
+    staged(project, run_results(project, run_id, 3.0))
+    body = results if results is not None else json.dumps(run_results(project, run_id, 3.0).to_json()).encode()
+    if body != b"<missing>":
+        (stage / "results.json").write_bytes(body)
+    (stage / "journal.json").write_text(
+        json.dumps(journal or {"format_version": 1, "run_id": run_id, "status": "pending"})
+    )
+    return stage
+
+
+@pytest.mark.parametrize(
+    ("journal", "results", "words"),
+    [
+        ({"format_version": 1, "run_id": "../../../outside", "status": "pending"}, None, "is not its run's"),
+        (None, b"<missing>", "cannot read the staged results"),
+        (None, b'{"format_version": 8, "run_id": "20250101-000009", "hypotheses": [{"id": 7}]}', "unusable"),
+        (None, b"not json", "unusable"),
+    ],
+)
+def test_an_unusable_pending_commit_is_one_line_and_writes_nothing(project, capsys, journal, results, words):
+    commit_run(project, run_results(project, "20250101-000001", 1.0))
+    before = {p: p.read_bytes() for p in project.root.rglob("*") if p.is_file() and "runs" not in p.parts}
+    _pending(project, "20250101-000009", journal, results)
+    assert main(["--root", str(project.root), "ledger"]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "delete runs/20250101-000009/commit" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    after = {p: p.read_bytes() for p in project.root.rglob("*") if p.is_file() and "runs" not in p.parts}
+    assert after == before  # no result, plot or ledger line was written, inside the project or out of it
+    assert not (project.root.parent / "outside.json").exists()
+
+
 def test_concurrent_commits_never_lose_a_ledger_row(project):
     ids = [f"20250101-00001{n}" for n in range(6)]
     errors = []

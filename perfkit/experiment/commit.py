@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from perfkit.errors import UserError
 from perfkit.experiment.outputs import ledger
 from perfkit.experiment.results import FORMAT_VERSION, RunResults, results_path
 from perfkit.files import read_json, write_atomic, write_json
@@ -91,17 +92,41 @@ def pending(project: Project) -> list[Path]:
     return found
 
 
-def _apply(project: Project, stage: Path, all_results: list[RunResults] | None) -> None:
+def _staged(project: Project, stage: Path) -> tuple[str, bytes, RunResults]:
+    """What a journal's commit stages, read and checked before anything is written: its run id (the
+    name of the run folder holding it, never a path of its own), the staged results file's bytes and
+    what its reader makes of them. A UserError of one line when any of it is unusable."""
     journal = stage / "journal.json"
-    run_id = read_json(journal)["run_id"]
-    staged = (stage / "results.json").read_bytes()
+    shown = project.relative(journal)
+    drop = f"; delete {project.relative(stage)} to drop this unfinished commit"
+    try:
+        run_id = read_json(journal, shown).get("run_id")
+    except (UserError, AttributeError):
+        raise UserError(f"{shown}: not a commit journal{drop}") from None
+    if run_id != stage.parent.name:
+        raise UserError(f"{shown}: its run_id {run_id!r} is not its run's ({stage.parent.name!r}){drop}")
+    path = stage / "results.json"
+    try:
+        staged = path.read_bytes()
+        results = RunResults.from_json(json.loads(staged), project.relative(path))
+    except OSError as exc:
+        raise UserError(f"{project.relative(path)}: cannot read the staged results: {exc.strerror}{drop}") from None
+    except (ValueError, RecursionError, UserError) as exc:  # not JSON, or not results its reader accepts
+        raise UserError(f"{project.relative(path)}: the staged results are unusable: {exc}{drop}") from None
+    if results.run_id != run_id:
+        raise UserError(f"{project.relative(path)}: results of run {results.run_id!r}, not {run_id!r}{drop}")
+    return run_id, staged, results
+
+
+def _apply(project: Project, stage: Path, all_results: list[RunResults] | None) -> None:
+    run_id, staged, results = _staged(project, stage)
     write_atomic(results_path(project, run_id), staged)
-    for hypothesis in json.loads(staged)["hypotheses"]:  # only the plots of what this run committed
-        plot = stage / "plots" / f"{hypothesis['id']}.png"
+    for hypothesis in results.hypotheses:  # only the plots of what this run committed
+        plot = stage / "plots" / f"{hypothesis.id}.png"
         if plot.is_file():
             write_atomic(project.plots_dir / plot.name, plot.read_bytes())
     ledger.write(project, all_results)
-    write_json(journal, {"run_id": run_id, "status": "done"}, version=JOURNAL_VERSION)
+    write_json(stage / "journal.json", {"run_id": run_id, "status": "done"}, version=JOURNAL_VERSION)
 
 
 def finish_pending(project: Project) -> list[str]:
