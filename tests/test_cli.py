@@ -87,3 +87,13 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, err
     assert "Traceback" not in err and "BrokenPipeError" not in err
+
+
+@pytest.mark.parametrize("payload", ["{}", "[]", '{"cells": 5}', "not json"])
+def test_judge_on_json_that_is_no_notebook_is_one_line(tmp_path, capsys, payload):
+    (tmp_path / "hypotheses").mkdir()
+    path = tmp_path / "hand.ipynb"
+    path.write_text(payload)
+    assert main(["--root", str(tmp_path), "judge", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "not a readable notebook" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -189,3 +189,19 @@ def test_several_files_are_several_origins(tmp_path, capsys):
     assert "step  (2 processes)" in out and "worker-b.log pid 1" in out and "   40 " in out
     assert main(["prof", "--by-pid", str(a)]) == 0
     assert "step  (1 process)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[perfkit-prof pid=1] step: n=5 mean=1.2.3ms p50=1ms p99=1ms last=1ms total=5ms",
+        "[perfkit-prof pid=1] step: n=" + "9" * 5000 + " mean=1ms p50=1ms p99=1ms last=1ms total=" + "9" * 5000 + "ms",
+        "[perfkit-prof pid=" + "9" * 5000 + "] step: n=5 mean=1ms p50=1ms p99=1ms last=1ms total=5ms",
+    ],
+)
+def test_a_malformed_number_is_not_a_line_and_never_a_traceback(tmp_path, capsys, text):
+    log = tmp_path / "bad.log"
+    log.write_text(text + "\n" + line(5) + "\n")
+    assert proflines.main([str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "pid 5" in out and "pid 1 " not in out

@@ -74,7 +74,10 @@ def fitness_of(project: Project, path: Path, nb) -> tuple[str, str | None]:
 
 def judge_notebook(project: Project, path: Path, ids: list[str] | None = None) -> tuple[str, list[HandJudged], str]:
     """(the probe's name, the verdict of each hypothesis that reads it, what was judged of the machine)."""
-    nb = read_notebook(path)
+    try:
+        nb = read_notebook(path)
+    except Exception as exc:  # nbformat's own: JSON of another shape ({}, []) it cannot convert or read
+        raise UserError(f"{path}: not a readable notebook ({type(exc).__name__}: {str(exc)[:120]})") from None
     if nb is None:
         raise UserError(f"{path}: {'not a readable notebook' if path.is_file() else 'no such file'}")
     name = probe_name(nb, path)

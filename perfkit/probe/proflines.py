@@ -31,11 +31,12 @@ from dataclasses import dataclass, replace
 from perfkit import units
 
 PREFIX = "[perfkit-prof"
-_NUM = r"[\d.]+|nan|inf"
+_NUM = r"\d{1,20}(?:\.\d{1,20})?|nan|inf"  # a number as spans print it; 1.2.3 or 5,000 digits is no line
+_INT = r"\d{1,18}"
 _LINE = re.compile(
-    r"\[perfkit-prof(?: pid=(?P<pid>\d+))?(?: rank=(?P<rank>\d+))?\] (?P<name>.+): n=(?P<n>\d+) "
+    rf"\[perfkit-prof(?: pid=(?P<pid>{_INT}))?(?: rank=(?P<rank>{_INT}))?\] (?P<name>.+): n=(?P<n>{_INT}) "
     rf"mean=(?P<mean>{_NUM})ms p50=(?P<p50>{_NUM})ms p99=(?P<p99>{_NUM})ms last=(?P<last>{_NUM})ms "
-    rf"total=(?P<total>{_NUM})ms"
+    rf"total=(?P<total>{_NUM})ms(?![\d.])"
 )
 _STAMP = re.compile(
     r"\[?\s*(?:"
