@@ -64,7 +64,9 @@ def test_every_flag_reaches_its_field():
         ({}, "name the hypotheses to run, or pass --all"),
         ({"ids": ("a",), "all": True}, "not both"),
         ({"all": True, "jobs": 0}, "--jobs must be at least 1"),
-        ({"all": True, "timeout_s": 0}, "--timeout must be positive"),
+        ({"all": True, "timeout_s": 0}, "--timeout must be a positive number"),
+        ({"all": True, "timeout_s": float("nan")}, "--timeout must be a positive number of seconds, got nan"),
+        ({"all": True, "timeout_s": float("inf")}, "--timeout must be a positive number of seconds, got inf"),
         ({"all": True, "replicates": 0}, "--replicates must be from 1"),
         ({"all": True, "profile": "perf"}, "--profile: expected one of torch, nsys"),
         ({"all": True, "profile": "torch", "cluster": "local:1"}, "--profile with --cluster"),
@@ -90,3 +92,8 @@ def test_the_manifest_records_the_options_the_run_was_given(tmp_path, monkeypatc
     assert manifest["options"]["replicates"] == 1 and manifest["confidence"] == pytest.approx(0.96)  # may look again
     assert manifest["budget_s"] == 330.0  # --quick's default budget
     assert set(manifest["options"]) == {f.name for f in FLAGGED} | {"hypotheses"}
+
+
+def test_a_param_value_no_reader_can_hold_is_one_line():
+    with pytest.raises(UserError, match=r"--param x: cannot read value '9{80}'\.\.\."):
+        options.parse_overrides(["x=" + "9" * 5001])

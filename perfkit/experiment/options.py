@@ -29,8 +29,10 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
             raise UserError(f"--param expects NAME=VALUE, got {pair!r}")
         try:
             out[name.strip()] = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError:
-            raise UserError(f"--param {name}: cannot read value {text!r}") from None
+        except (yaml.YAMLError, ValueError, RecursionError):  # ValueError: an integer of over 4,300 digits
+            raise UserError(
+                f"--param {name}: cannot read value {text[:80]!r}{'...' if len(text) > 80 else ''}"
+            ) from None
     return out
 
 
@@ -122,8 +124,8 @@ class RunOptions:
             raise UserError(f"--threads must be from 1 to 1024, got {self.threads}")
         if self.budget_s is not None and self.budget_s < 0:
             raise UserError(f"--budget must be 0 or more seconds, got {self.budget_s:g}")
-        if self.timeout_s <= 0:
-            raise UserError(f"--timeout must be positive, got {self.timeout_s}")
+        if not 0 < self.timeout_s < float("inf"):  # nan fails both comparisons
+            raise UserError(f"--timeout must be a positive number of seconds, got {self.timeout_s}")
         if self.cluster and self.profile:
             raise UserError("--profile with --cluster is not supported yet: profile a probe on this machine")
         profiling.check(self.profile)
