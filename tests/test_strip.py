@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from perfkit.experiment import plan, strip
 
@@ -53,3 +54,13 @@ def test_saving_after_run_all_leaves_git_diff_empty_and_the_cache_key_unchanged(
     nbformat.write(nb, str(path))
     assert "mask_build.ipynb" in git(repo, "diff", "--stat", "notebooks/")
     assert plan.notebook_code(path) != key
+
+
+@pytest.mark.parametrize("text", ["[]", '{"cells": 5}', '{"cells": [5]}', '{"metadata": 1, "cells": []}', "{bad", "1"])
+def test_a_file_that_is_no_notebook_is_stored_as_it_is_with_one_line(text):
+
+    done = subprocess.run(
+        [sys.executable, "-m", "perfkit.experiment.strip"], input=text, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout == text  # git stores it unchanged, and says why once
+    assert done.stderr.startswith("perfkit clean filter: stored as it is") and len(done.stderr.splitlines()) == 1

@@ -19,10 +19,15 @@ _RUN_METADATA = ("papermill", "execution", "widgets", "collapsed", "scrolled", "
 
 
 def strip(nb: dict[str, Any]) -> dict[str, Any]:
-    """The notebook without what running it added."""
+    """The notebook without what running it added; ValueError when it is not shaped as a notebook."""
+    cells = nb.get("cells", []) if isinstance(nb, dict) else None
+    if not isinstance(cells, list) or not all(isinstance(c, dict) for c in cells):
+        raise ValueError("not a notebook: expected an object with a list of cells")
+    if not isinstance(nb.get("metadata", {}), dict) or not all(isinstance(c.get("metadata", {}), dict) for c in cells):
+        raise ValueError("not a notebook: a metadata that is not an object")
     for key in ("papermill", "widgets"):
         nb.get("metadata", {}).pop(key, None)
-    for cell in nb.get("cells", []):
+    for cell in cells:
         meta = cell.get("metadata", {})
         for key in _RUN_METADATA:
             meta.pop(key, None)
@@ -39,11 +44,12 @@ def dumps(nb: dict[str, Any]) -> str:
 def main() -> int:
     text = sys.stdin.read()
     try:
-        nb = json.loads(text)
-    except ValueError:
-        sys.stdout.write(text)  # not a notebook git should change: store it as it is
+        clean = dumps(strip(json.loads(text)))
+    except (ValueError, RecursionError) as exc:  # not a notebook git should change: store it as it is
+        print(f"perfkit clean filter: stored as it is ({exc})"[:200], file=sys.stderr)
+        sys.stdout.write(text)
         return 0
-    sys.stdout.write(dumps(strip(nb)))
+    sys.stdout.write(clean)
     return 0
 
 
