@@ -56,3 +56,14 @@ def test_two_branches_rejudging_different_hypotheses_merge_cleanly(tmp_path):
     assert text == ledger.render(load_all_results(project))  # as if regenerated after the merge
     assert "| 20250102-000001 |" in text and "| 20250103-000001 |" in text
     assert "<<<<<<<" not in text
+
+
+def test_a_merge_driver_that_cannot_write_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    from perfkit.experiment import merge
+
+    monkeypatch.setattr(merge, "results_of_both_sides", lambda project: [])
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    assert merge.main([str(blocked / "LEDGER.md"), str(tmp_path / "hypotheses" / "LEDGER.md")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("perfkit ledger merge: cannot write") and len(err.splitlines()) == 1

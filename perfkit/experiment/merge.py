@@ -58,7 +58,11 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # leave git's conflict to the user rather than write a wrong ledger
         print(f"perfkit ledger merge: {exc}; merge LEDGER.md by hand, then run `perfkit ledger`", file=sys.stderr)
         return 1
-    write_atomic(current, text)
+    try:
+        write_atomic(current, text)
+    except OSError as exc:  # a read-only folder, a full disk: git then reports the conflict
+        print(f"perfkit ledger merge: cannot write {current}: {exc.strerror}; merge LEDGER.md by hand", file=sys.stderr)
+        return 1
     return 0
 
 
