@@ -126,3 +126,22 @@ def test_the_cache_key_ignores_outputs_and_prose_but_not_code_or_the_environment
     assert key != plan.execution_key(before, {}, "src", None, {**base, "torch": "2.12.0"}, "code")
     assert key != plan.execution_key(before, {}, "src", "torch", base, "code")
     assert key != plan.execution_key(before, {}, "src", None, base, "other code under test")
+
+
+def test_an_integer_too_large_for_a_float_is_refused_in_one_line_per_field(tmp_path, capsys):
+    big = "1" + "0" * 400  # YAML reads it as an int; as a float it overflows
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "hypotheses").mkdir()
+    cell = nbformat.v4.new_code_cell("n: int = 1", metadata={"tags": ["parameters"]})
+    kernel = {"kernelspec": {"name": "perfkit", "display_name": "perfkit", "language": "python"}}
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell], metadata=kernel), str(tmp_path / "notebooks" / "p.ipynb"))
+    (tmp_path / "hypotheses" / "h.yaml").write_text(
+        f"id: h\nclaim: c\nrationale: r\nexpect:\n  kind: at_most\n  metric: m\n  value: {big}\n  unit: ms\n"
+        f"probe:\n  notebook: p.ipynb\n  params: {{n: {big}}}\n  resources: {{GPU: {big}}}\n"
+    )
+    assert main(["--root", str(tmp_path), "validate"]) == 2
+    err = capsys.readouterr().err
+    assert "h.yaml:7: expect.value: expected a finite number, got an integer of about 401 digits" in err
+    assert "probe.params.n: an integer of about 401 digits is too large" in err
+    assert "probe.resources.GPU: expected a number from 0 to 1024, got an integer of about 401 digits" in err
+    assert "Traceback" not in err

@@ -195,8 +195,8 @@ class Checker:
         if not is_number(value):
             self.fail(where + (key,), f"expected a number, got {type_name(value)} {value!r}")
             return None
-        if not math.isfinite(value):  # `factor: .inf` would make a claim that cannot fail
-            self.fail(where + (key,), f"expected a finite number, got {value!r}")
+        if not finite(value):  # `factor: .inf` would make a claim that cannot fail
+            self.fail(where + (key,), f"expected a finite number, got {shown(value)}")
             return None
         if positive and not value > 0:
             self.fail(where + (key,), f"expected a number > 0, got {value!r}")
@@ -212,14 +212,29 @@ class Checker:
         value = mapping[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
             wanted = f"an integer from {low} to {high}" if high is not None else f"an integer >= {low}"
-            self.fail(where + (key,), f"expected {wanted}, got {value!r}")
+            self.fail(where + (key,), f"expected {wanted}, got {shown(value)}")
             return None
         return value
+
+
+def finite(value: int | float) -> bool:
+    """Whether a number is finite as a float (an integer of 310 digits is not: it overflows)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def shown(value: object) -> str:
+    """A value as an error message shows it: an integer of thousands of digits is said, not printed."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"an integer of about {int(abs(value).bit_length() * math.log10(2)) + 1} digits"  # str() may refuse
+    return repr(value)
 
 
 def check_scalars(checker: Checker, mapping: dict, where: tuple) -> None:
     for key, value in mapping.items():
         if not isinstance(value, (str, int, float, bool)):
             checker.fail(where + (key,), f"expected a number, string or boolean, got {type_name(value)}")
-        elif isinstance(value, float) and not math.isfinite(value):
-            checker.fail(where + (key,), f"expected a finite number, got {value}")
+        elif isinstance(value, int | float) and not finite(value):
+            checker.fail(where + (key,), f"expected a finite number, got {shown(value)}")

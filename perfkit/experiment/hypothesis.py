@@ -43,7 +43,7 @@ from typing import Any
 
 from perfkit import units
 from perfkit.errors import RecordError, UserError
-from perfkit.experiment.checker import MAX_RECORD_BYTES, Checker, Located, is_number, type_name
+from perfkit.experiment.checker import MAX_RECORD_BYTES, Checker, Located, finite, is_number, shown, type_name
 from perfkit.experiment.kinds import KINDS, Expect, all_keys
 from perfkit.paths import Project, find_project
 
@@ -206,7 +206,7 @@ def _parameter_value_problem(value: Any, depth: int = 0) -> str | None:
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return None
     if isinstance(value, int):
-        return None if abs(value) < 10**18 else f"the integer {str(value)[:20]}... is too large"
+        return None if abs(value) < 10**18 else f"{shown(value)} is too large"
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{value!r} is not a finite number"
     if isinstance(value, (list, dict)) and depth < 4:
@@ -290,8 +290,8 @@ def _check_probe(checker: Checker, raw: Any, project: Project, notebook_cache: d
         for name, amount in (block or {}).items():
             if not isinstance(name, str) or not RESOURCE_NAME.match(name):
                 checker.fail(where + ("resources", name), "a resource is a name like GPU or memory_gb")
-            elif not is_number(amount) or not math.isfinite(amount) or not 0 < amount <= 1024:
-                checker.fail(where + ("resources", name), f"expected a number from 0 to 1024, got {amount!r}")
+            elif not is_number(amount) or not finite(amount) or not 0 < amount <= 1024:
+                checker.fail(where + ("resources", name), f"expected a number from 0 to 1024, got {shown(amount)}")
             else:
                 resources[name] = float(amount)
     code = _check_code(checker, probe.get("code"), where + ("code",)) if "code" in probe else ()
