@@ -145,3 +145,19 @@ def test_an_integer_too_large_for_a_float_is_refused_in_one_line_per_field(tmp_p
     assert "probe.params.n: an integer of about 401 digits is too large" in err
     assert "probe.resources.GPU: expected a number from 0 to 1024, got an integer of about 401 digits" in err
     assert "Traceback" not in err
+
+
+def test_a_notebooks_folder_linked_out_of_the_project_and_an_overlong_id_are_refused(tmp_path, capsys):
+    outside = tmp_path / "outside"
+    shutil.copytree(FIXTURES / "project" / "notebooks", outside)
+    root = tmp_path / "project"
+    (root / "hypotheses").mkdir(parents=True)
+    (root / "notebooks").symlink_to(outside, target_is_directory=True)
+    record = (FIXTURES / "project" / "hypotheses" / "fx-share.yaml").read_text()
+    (root / "hypotheses" / "fx-share.yaml").write_text(record)
+    long_id = "x" * 121
+    (root / "hypotheses" / f"{long_id}.yaml").write_text(record.replace("id: fx-share", f"id: {long_id}"))
+    assert main(["--root", str(root), "validate"]) == 2
+    err = capsys.readouterr().err
+    assert "fx-share.yaml" in err and "notebooks/ is a link to" in err and "outside the project" in err
+    assert f"{long_id}.yaml:1: id: {long_id!r} is not a slug (at most 120" in err

@@ -47,7 +47,7 @@ from perfkit.experiment.checker import MAX_RECORD_BYTES, Checker, Located, finit
 from perfkit.experiment.kinds import KINDS, Expect, all_keys
 from perfkit.paths import Project, find_project
 
-SLUG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,119}$")  # at most 120: <id>.png and its temporary names fit a file name
 
 _TOP_KEYS = {"id": True, "claim": True, "rationale": True, "expect": True, "probe": True, "tags": False}
 _PROBE_KEYS = {
@@ -248,6 +248,11 @@ def _check_notebook(checker: Checker, notebook: str, project: Project, cache: di
         checker.fail(
             where, f"{notebook!r} resolves outside notebooks/; a record may only name the project's own probes"
         )
+    elif not project.notebooks_dir.resolve().is_relative_to(project.root.resolve()):  # notebooks/ a link out
+        checker.fail(
+            where,
+            f"notebooks/ is a link to {project.notebooks_dir.resolve()}, outside the project: probes run its code",
+        )
     elif not path.is_file():
         checker.fail(where, f"no such notebook: {project.relative(path)}")
     else:
@@ -376,7 +381,7 @@ def load_hypothesis(path: Path, project: Project, *, notebook_cache: dict | None
     if data is None:
         raise ValidationFailed(checker.errors)
     checker.keys(data, (), _TOP_KEYS)
-    hid = checker.string(data, "id", (), pattern=SLUG, what="a slug (lowercase letters, digits and dashes)")
+    hid = checker.string(data, "id", (), pattern=SLUG, what="a slug (at most 120 lowercase letters, digits and dashes)")
     if hid is not None and hid != Path(path).stem:
         checker.fail(("id",), f"id {hid!r} must equal the file name {Path(path).stem!r}")
     claim = checker.string(data, "claim", ())
