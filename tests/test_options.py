@@ -97,3 +97,26 @@ def test_the_manifest_records_the_options_the_run_was_given(tmp_path, monkeypatc
 def test_a_param_value_no_reader_can_hold_is_one_line():
     with pytest.raises(UserError, match=r"--param x: cannot read value '9{80}'\.\.\."):
         options.parse_overrides(["x=" + "9" * 5001])
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("local:1000", "local:N takes N from 1 to"),
+        ("local:0", "local:N takes N from 1 to"),
+        ("local:" + "9" * 5000, "local:N takes N from 1 to"),
+        ("local:two", "local:N takes N from 1 to"),
+        ("tcp://host", "expected local:N or a scheduler address"),
+        ("host:99999", "expected local:N or a scheduler address"),
+        ("http://host:8786", "unknown scheme http://"),
+        ("tls://host:8786", "tls:// needs Dask's TLS settings"),
+    ],
+)
+def test_a_cluster_address_that_cannot_work_is_one_line_before_anything_starts(spec, message):
+    with pytest.raises(UserError, match=message):
+        RunOptions(all=True, cluster=spec).check()
+
+
+def test_a_good_cluster_address_passes():
+    for spec in ("local:1", "tcp://127.0.0.1:8786", "10.0.0.5:8786", "scheduler-0.svc:8786", "tcp://[::1]:8786"):
+        RunOptions(all=True, cluster=spec).check()

@@ -8,6 +8,8 @@ is what the run's manifest says about them. Adding an option is one field here.
 from __future__ import annotations
 
 import argparse
+import os
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -34,6 +36,38 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
                 f"--param {name}: cannot read value {text[:80]!r}{'...' if len(text) > 80 else ''}"
             ) from None
     return out
+
+
+_ADDRESS = re.compile(r"^(?:(?P<scheme>[a-z]+)://)?(?P<host>[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:]+\]):(?P<port>\d{1,5})$")
+_SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+
+
+def check_cluster(spec: str) -> None:
+    """`--cluster`: local:N with N from 1 to this machine's cores, or a scheduler's [scheme://]host:port;
+    one line naming what is wrong otherwise, before anything starts."""
+    if spec.startswith("local:"):
+        cores = len(os.sched_getaffinity(0))
+        n = spec[6:]
+        if not n.isdigit() or len(n) > 6 or not 1 <= int(n) <= cores:
+            raise UserError(
+                f"--cluster {spec[:40]}: local:N takes N from 1 to {cores}, this machine's cores "
+                "(each worker measures on CPUs of its own)"
+            )
+        return
+    found = _ADDRESS.match(spec)
+    if found is None or not 0 < int(found["port"]) < 65536:
+        raise UserError(f"--cluster {spec[:80]!r}: expected local:N or a scheduler address like tcp://host:8786")
+    scheme = found["scheme"] or "tcp"
+    if scheme not in _SCHEMES:
+        raise UserError(f"--cluster {spec[:80]}: unknown scheme {scheme}://; expected one of {', '.join(_SCHEMES)}")
+    if scheme == "tls":
+        import dask
+
+        if not dask.config.get("distributed.comm.tls.ca-file", None):
+            raise UserError(
+                f"--cluster {spec[:80]}: tls:// needs Dask's TLS settings (distributed.comm.tls.ca-file, "
+                "client.cert and client.key in its configuration)"
+            )
 
 
 def _flag(default: Any, flag: str, help: str, **argparse_options: Any) -> Any:
@@ -128,6 +162,8 @@ class RunOptions:
             raise UserError(f"--timeout must be a positive number of seconds, got {self.timeout_s}")
         if self.cluster and self.profile:
             raise UserError("--profile with --cluster is not supported yet: profile a probe on this machine")
+        if self.cluster:
+            check_cluster(self.cluster)
         profiling.check(self.profile)
 
     def at_once(self) -> int:
