@@ -161,3 +161,12 @@ def test_a_notebooks_folder_linked_out_of_the_project_and_an_overlong_id_are_ref
     err = capsys.readouterr().err
     assert "fx-share.yaml" in err and "notebooks/ is a link to" in err and "outside the project" in err
     assert f"{long_id}.yaml:1: id: {long_id!r} is not a slug (at most 120" in err
+
+
+def test_a_flat_record_of_more_values_than_a_record_needs_is_refused_while_scanned(tmp_path, capsys):
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "hypotheses").mkdir()
+    values = ", ".join(["1"] * 120_000)  # 360 kB: under the byte limit, far over what a record holds
+    (tmp_path / "hypotheses" / "h.yaml").write_text(f"id: h\nclaim: c\nprobe:\n  params: {{n: [{values}]}}\n")
+    assert main(["--root", str(tmp_path), "validate"]) == 2
+    assert "hypotheses/h.yaml:4: more than 10,000 values; a record never needs that" in capsys.readouterr().err

@@ -23,16 +23,23 @@ from perfkit.errors import RecordError
 MAX_RECORD_BYTES = 1_000_000  # a record is a page of YAML; 1 MB is far more than any needs
 MAX_TEXT = 4_000  # characters in one value: a rationale is a paragraph, never a book
 MAX_DEPTH = 8  # record -> expect/probe -> params -> a list of values -> ...: 8 levels is plenty
+MAX_NODES = 10_000  # values, lists and mappings in one record: a sweep of thousands of points is still far below
 
 
 def _refuse_unsafe(text: str, path: str) -> None:
     """Scan the YAML events (no objects built, nothing expanded) and refuse what a record never needs."""
     if len(text.encode("utf-8")) > MAX_RECORD_BYTES:
         raise RecordError(f"the record is larger than {MAX_RECORD_BYTES:,} bytes; a record never needs that", path=path)
-    depth = 0
+    depth = nodes = 0
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
             line = event.start_mark.line + 1
+            if isinstance(event, yaml.NodeEvent):
+                nodes += 1
+                if nodes > MAX_NODES:  # counted before anything is built: a 490,000-item list stops here
+                    raise RecordError(
+                        f"more than {MAX_NODES:,} values; a record never needs that", path=path, line=line
+                    )
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
                 raise RecordError("anchors and aliases (&, *) are not allowed in a record", path=path, line=line)
             tag = getattr(event, "tag", None)
