@@ -26,7 +26,7 @@ from pathlib import Path
 
 from perfkit.errors import UserError
 from perfkit.experiment.outputs import ledger
-from perfkit.experiment.results import FORMAT_VERSION, RunResults, results_path
+from perfkit.experiment.results import RunResults, checked_text, results_path
 from perfkit.files import read_json, write_atomic, write_json
 from perfkit.paths import Project
 
@@ -145,7 +145,8 @@ def apply(project: Project, results: RunResults, earlier: list[RunResults]) -> P
     """
     where = staging_dir(project, results.run_id)
     with _signals_deferred():
-        write_json(where / "results.json", results.to_json(), version=FORMAT_VERSION)
+        staged = where / "results.json"
+        write_atomic(staged, checked_text(results, project.relative(results_path(project, results.run_id))))
         write_json(where / "journal.json", {"run_id": results.run_id, "status": "pending"}, version=JOURNAL_VERSION)
         _apply(project, where, [r for r in earlier if r.run_id != results.run_id] + [results])
     return results_path(project, results.run_id)

@@ -47,7 +47,7 @@ from perfkit.experiment.checker import MAX_RECORD_BYTES, Checker, Located, finit
 from perfkit.experiment.kinds import KINDS, Expect, all_keys
 from perfkit.paths import Project, find_project
 
-SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,119}$")  # at most 120: <id>.png and its temporary names fit a file name
+SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,119}\Z")  # at most 120: <id>.png and its temporary names fit a file name
 
 _TOP_KEYS = {"id": True, "claim": True, "rationale": True, "expect": True, "probe": True, "tags": False}
 _PROBE_KEYS = {

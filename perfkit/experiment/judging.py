@@ -9,6 +9,7 @@ for a notebook judged by hand.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -128,7 +129,29 @@ def _verdict(hypothesis: Hypothesis, evidence: Evidence, confidence: float) -> J
         return Judgement(verdict=Verdict.ERROR, reason=f"cannot compare: {exc}", expected=expect.expected())
     if evidence.left_out:
         judgement = replace(judgement, warnings=(evidence.left_out, *judgement.warnings))
-    return judgement
+    return _finite(judgement)
+
+
+def _finite(judgement: Judgement) -> Judgement:
+    """The judgement, or 'inconclusive' when its estimate or floor is not a finite number (no measurement)."""
+    m, f = judgement.measured, judgement.floor
+    figures = {}
+    if m is not None:
+        figures |= {"value": m.value, "low": m.low, "high": m.high}
+    if f is not None:
+        figures |= {"floor": f.value, "floor low": f.low, "floor high": f.high}
+    bad = [f"{k} {v}" for k, v in figures.items() if v is not None and not math.isfinite(v)]
+    if not bad:
+        return judgement
+    what = f"{m.label} " if m is not None else ""
+    return replace(
+        judgement,
+        verdict=Verdict.INCONCLUSIVE,
+        reason=f"the measurement is not finite: {what}{', '.join(bad)} (an overflow or a broken sample?)",
+        measured=None,
+        off_by=None,
+        floor=None,
+    )
 
 
 def judged(hypothesis: Hypothesis, executions: list[Execution], *, confidence: float = stats.CONFIDENCE) -> Judged:

@@ -36,14 +36,20 @@ Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file 
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfkit import units
 from perfkit.errors import RecordError
-from perfkit.files import Reader, encode_number, read_json, upgrade, write_json
+from perfkit.experiment.hypothesis import SLUG
+
+# stored as they are judged; defined with the verdict's words, so that this reader may use the hypothesis's rules
+from perfkit.experiment.verdict import Floor as Floor
+from perfkit.experiment.verdict import Measured as Measured
+from perfkit.files import VERSION_KEY, Reader, dumps, encode_number, read_json, upgrade, write_atomic, write_json
 from perfkit.paths import Project
 from perfkit.samples import MetricRecord
 
@@ -55,6 +61,39 @@ STATUSES = (PLANNED, "ok", "error", "timeout", "crashed")
 
 def _number_json(value: float | None) -> float | str | None:
     return None if value is None else encode_number(value)
+
+
+def _refuse(r: Reader, key: str, message: str) -> RecordError:
+    return RecordError(message, path=r.path, field=r.field(key))
+
+
+def _slug(r: Reader, key: str) -> str:
+    """An id by the hypothesis record's own rule: nothing a ledger row or a code span could be forged from."""
+    value = r.get(key, str)
+    if not SLUG.fullmatch(value):
+        raise _refuse(r, key, f"expected a slug (lowercase letters, digits and dashes), got {value[:60]!r}")
+    return value
+
+
+def _interval(r: Reader, keys: tuple[str, str, str], *, optional: bool = False) -> tuple[float | None, ...]:
+    """(value, low, high): finite numbers (a non-finite estimate is no measurement) with low <= high."""
+    found = tuple(r.number(k, optional=optional and k != keys[0], nan=False) for k in keys)
+    for k, v in zip(keys, found):
+        if v is not None and not math.isfinite(v):
+            raise _refuse(r, k, f"expected a finite number, got {v}")
+    if found[1] is not None and found[2] is not None and found[1] > found[2]:
+        raise _refuse(r, keys[1], f"the interval's low {found[1]} is above its high {found[2]}")
+    return found
+
+
+def _records(r: Reader) -> tuple[MetricRecord, ...]:
+    """An execution's records, each sample a number (JSON's true is not 1.0)."""
+    if "records" not in r.data:
+        return ()
+    for c in r.children("records"):
+        if any(isinstance(s, bool) for s in c.data.get("samples") or ()):
+            raise _refuse(c, "samples", "expected numbers, got a boolean")
+    return tuple(MetricRecord.from_json(c) for c in r.children("records"))
 
 
 # ---------------------------------------------------------------- one probe execution
@@ -114,7 +153,7 @@ class Execution:
             cell_index=r.get("cell_index", int, optional=True),
             ename=r.get("ename", str, optional=True),
             evalue=r.get("evalue", str, optional=True),
-            records=tuple(MetricRecord.from_json(c) for c in r.children("records")) if "records" in r.data else (),
+            records=_records(r),
             host=r.get("host", str, optional=True),
             threads=r.get("threads", int, optional=True),
             cpus=r.get("cpus", str, optional=True),
@@ -123,48 +162,6 @@ class Execution:
 
 
 # ---------------------------------------------------------------- compact: what the ledger reads
-
-
-@dataclass(frozen=True)
-class Measured:
-    """The quantity a verdict compares: a metric's mean, a share, an exponent or a speedup."""
-
-    label: str
-    unit: str | None
-    value: float
-    low: float
-    high: float
-    replicates: int | None = None  # processes the interval rests on (format 3 on)
-    samples: int | None = None  # samples in all
-    between: float | None = None  # share of the variance between processes (None: one process)
-    confidence: float | None = (
-        None  # of the interval: 0.95, or less than 5% left per look when the run added replicates
-    )
-
-    def text(self) -> str:
-        """'0.18 ms [0.16, 0.21]', 'share 2.47% [1.05, 4.17]': the one way a measured value is written."""
-        label = "" if self.label == "mean" else f"{self.label} "
-        return (
-            f"{label}{units.format_quantity(self.value, self.unit)} "
-            f"[{units.format_number(self.low)}, {units.format_number(self.high)}]"
-        )
-
-    def level(self) -> str:
-        """The interval's confidence in words: '95%', or '96%' when the run could look more than once."""
-        return f"{(self.confidence if self.confidence is not None else 0.95) * 100:.3g}%"
-
-    def evidence(self) -> str | None:
-        """'3 processes x 30 samples, 12% of the variance between them': what the interval rests on."""
-        if self.replicates is None:
-            return None
-        per = f" x {self.samples // self.replicates} samples" if self.samples else ""
-        level = ""
-        if self.confidence is not None and abs(self.confidence - 0.95) > 1e-9:
-            level = f"; a {self.level()} interval (its look's share of the 5%: the run could look again)"
-        if self.replicates == 1:
-            return f"1 process{per}{level}"
-        between = f", {self.between:.0%} of the variance between them" if self.between is not None else ""
-        return f"{self.replicates} processes{per}{between}{level}"
 
 
 @dataclass(frozen=True)
@@ -180,33 +177,6 @@ class MetricSummary:
     note: str | None = None
     replicates: int | None = None  # processes the interval rests on (format 3 on)
     between: float | None = None  # share of the variance between those processes
-
-
-@dataclass(frozen=True)
-class Floor:
-    """A recorded floor (e.g. a roofline figure) that an expectation was measured against."""
-
-    metric: str
-    value: float
-    unit: str
-    note: str | None = None
-    low: float | None = None  # its interval when it was measured in each replicate (format 7 on)
-    high: float | None = None
-    replicates: int | None = None
-
-    def text(self) -> str:
-        """'27 ms [26, 28]' when measured with an interval; '27 ms' for an exact figure or an older record."""
-        value = units.format_quantity(self.value, self.unit)
-        if self.low is None or self.high is None or self.low == self.high:
-            return value
-        return f"{value} [{units.format_number(self.low)}, {units.format_number(self.high)}]"
-
-    def overlaps(self, other: Floor) -> bool:
-        """Whether the two floors agree within their intervals (a floor without one is its own interval)."""
-        scale = units.factor(other.unit, self.unit)
-        low, high = (other.low, other.high) if other.low is not None and other.high is not None else (other.value,) * 2
-        mine = (self.low, self.high) if self.low is not None and self.high is not None else (self.value,) * 2
-        return low * scale <= mine[1] * (1 + 1e-9) and high * scale >= mine[0] * (1 - 1e-9)
 
 
 @dataclass(frozen=True)
@@ -248,12 +218,14 @@ class HypothesisResult:
         m = r.child("measured", optional=True)
         f = r.child("floor", optional=True)
         plot = r.get("plot", str, optional=True)
+        value, low, high = _interval(m, ("value", "low", "high")) if m is not None else (None,) * 3
+        floor = _interval(f, ("value", "low", "high"), optional=True) if f is not None else (None,) * 3
         if plot is not None and (not plot.startswith("plots/") or ".." in Path(plot).parts or "\\" in plot):
             raise RecordError(
                 f"a plot lives under plots/ in the ledger folder, got {plot!r}", path=r.path, field=r.field("plot")
             )
         return cls(
-            id=r.get("id", str),
+            id=_slug(r, "id"),
             hash=r.get("hash", str),
             claim=r.get("claim", str),
             kind=r.get("kind", str),
@@ -265,9 +237,9 @@ class HypothesisResult:
             else Measured(
                 label=m.get("label", str),
                 unit=m.unit("unit", optional=True),
-                value=m.number("value", nan=False),
-                low=m.number("low", nan=False),
-                high=m.number("high", nan=False),
+                value=value,
+                low=low,
+                high=high,
                 replicates=m.get("replicates", int, optional=True),
                 samples=m.get("samples", int, optional=True),
                 between=m.number("between", optional=True),
@@ -278,11 +250,11 @@ class HypothesisResult:
             if f is None
             else Floor(
                 metric=f.get("metric", str),
-                value=f.number("value"),
+                value=floor[0],
                 unit=f.unit("unit"),
                 note=f.get("note", str, optional=True),
-                low=f.number("low", optional=True),
-                high=f.number("high", optional=True),
+                low=floor[1],
+                high=floor[2],
                 replicates=f.get("replicates", int, optional=True),
             ),
             plot=plot,
@@ -460,9 +432,24 @@ def results_path(project: Project, run_id: str) -> Path:
     return project.results_dir / f"{run_id}.json"
 
 
+def checked_text(results: RunResults, shown: str) -> str:
+    """The results file's text, once its own reader accepts it: what perfkit would refuse is never written."""
+    try:
+        text = dumps({**results.to_json(), VERSION_KEY: FORMAT_VERSION})
+    except ValueError as exc:  # a NaN or infinity no field encodes
+        raise RecordError(f"not written, it holds a number JSON cannot: {exc}", path=shown) from None
+    try:
+        RunResults.from_json(json.loads(text), shown)
+    except RecordError as exc:
+        raise RecordError(
+            f"not written, perfkit would refuse to read it: {exc.message}", path=shown, field=exc.field
+        ) from None
+    return text
+
+
 def write_results(project: Project, results: RunResults) -> Path:
     path = results_path(project, results.run_id)
-    write_json(path, results.to_json(), version=FORMAT_VERSION)
+    write_atomic(path, checked_text(results, project.relative(path)))
     return path
 
 

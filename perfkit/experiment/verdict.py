@@ -1,4 +1,4 @@
-"""The words a verdict is written in: the verdicts, a point of evidence, a judgement.
+"""The words a verdict is written in: the verdicts, what was measured (and a floor), a point of evidence, a judgement.
 
 Confirmed only when the whole interval (95%, or the replicate policy's level when a run looks more
 than once) satisfies the claim, refuted only when the whole interval violates it; everything else
@@ -13,7 +13,77 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from perfkit.experiment.results import Floor, Measured
+from perfkit import units
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The quantity a verdict compares: a metric's mean, a share, an exponent or a speedup."""
+
+    label: str
+    unit: str | None
+    value: float
+    low: float
+    high: float
+    replicates: int | None = None  # processes the interval rests on (format 3 on)
+    samples: int | None = None  # samples in all
+    between: float | None = None  # share of the variance between processes (None: one process)
+    confidence: float | None = (
+        None  # of the interval: 0.95, or less than 5% left per look when the run added replicates
+    )
+
+    def text(self) -> str:
+        """'0.18 ms [0.16, 0.21]', 'share 2.47% [1.05, 4.17]': the one way a measured value is written."""
+        label = "" if self.label == "mean" else f"{self.label} "
+        return (
+            f"{label}{units.format_quantity(self.value, self.unit)} "
+            f"[{units.format_number(self.low)}, {units.format_number(self.high)}]"
+        )
+
+    def level(self) -> str:
+        """The interval's confidence in words: '95%', or '96%' when the run could look more than once."""
+        return f"{(self.confidence if self.confidence is not None else 0.95) * 100:.3g}%"
+
+    def evidence(self) -> str | None:
+        """'3 processes x 30 samples, 12% of the variance between them': what the interval rests on."""
+        if self.replicates is None:
+            return None
+        per = f" x {self.samples // self.replicates} samples" if self.samples else ""
+        level = ""
+        if self.confidence is not None and abs(self.confidence - 0.95) > 1e-9:
+            level = f"; a {self.level()} interval (its look's share of the 5%: the run could look again)"
+        if self.replicates == 1:
+            return f"1 process{per}{level}"
+        between = f", {self.between:.0%} of the variance between them" if self.between is not None else ""
+        return f"{self.replicates} processes{per}{between}{level}"
+
+
+@dataclass(frozen=True)
+class Floor:
+    """A recorded floor (e.g. a roofline figure) that an expectation was measured against."""
+
+    metric: str
+    value: float
+    unit: str
+    note: str | None = None
+    low: float | None = None  # its interval when it was measured in each replicate (format 7 on)
+    high: float | None = None
+    replicates: int | None = None
+
+    def text(self) -> str:
+        """'27 ms [26, 28]' when measured with an interval; '27 ms' for an exact figure or an older record."""
+        value = units.format_quantity(self.value, self.unit)
+        if self.low is None or self.high is None or self.low == self.high:
+            return value
+        return f"{value} [{units.format_number(self.low)}, {units.format_number(self.high)}]"
+
+    def overlaps(self, other: Floor) -> bool:
+        """Whether the two floors agree within their intervals (a floor without one is its own interval)."""
+        scale = units.factor(other.unit, self.unit)
+        low, high = (other.low, other.high) if other.low is not None and other.high is not None else (other.value,) * 2
+        mine = (self.low, self.high) if self.low is not None and self.high is not None else (self.value,) * 2
+        return low * scale <= mine[1] * (1 + 1e-9) and high * scale >= mine[0] * (1 - 1e-9)
+
 
 #: how the reason of a verdict begins when no replicate was measured on a fit machine
 UNFIT_REASON = "the machine was not fit to measure on"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from perfkit.experiment import commit, history, judging, plots
 from perfkit.experiment.context import RunContext
-from perfkit.experiment.results import HypothesisResult, RunResults, load_all_results
+from perfkit.experiment.results import HypothesisResult, RunResults, checked_text, load_all_results, results_path
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,12 @@ def write(ctx: RunContext, judged: list[judging.Judged], *, git: dict, machine: 
             profile=options.profile,
             machine=machine,
         )
-        path = commit.apply(project, replace(results, hypotheses=tuple(fresh)), earlier) if fresh else None
+        path = None
+        if fresh:
+            stored = replace(results, hypotheses=tuple(fresh))
+            # what perfkit's own reader would refuse is never committed: every later command would exit 2
+            checked_text(stored, project.relative(results_path(project, stored.run_id)))
+            path = commit.apply(project, stored, earlier)
     return Written(results, tuple(fresh), path)
 
 

@@ -17,8 +17,7 @@ from perfkit import stats, units
 from perfkit.errors import UserError
 from perfkit.experiment import replicates
 from perfkit.experiment.checker import Checker, check_scalars
-from perfkit.experiment.results import Floor, Measured
-from perfkit.experiment.verdict import Inconclusive, Judgement, Point, Verdict
+from perfkit.experiment.verdict import Floor, Inconclusive, Judgement, Measured, Point, Verdict
 from perfkit.samples import MAX_SAMPLES
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]*$")

@@ -13,8 +13,7 @@ from perfkit import stats, units
 from perfkit.experiment import plots
 from perfkit.experiment.checker import Checker
 from perfkit.experiment.kinds.base import Expect, bounds, candidates, measured, samples, warnings_for
-from perfkit.experiment.results import Floor
-from perfkit.experiment.verdict import Inconclusive, Judgement, Point
+from perfkit.experiment.verdict import Floor, Inconclusive, Judgement, Point
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,8 +25,7 @@ from perfkit.experiment.kinds.base import (
     warnings_for,
 )
 from perfkit.experiment.kinds.base import bounds as compare
-from perfkit.experiment.results import Floor
-from perfkit.experiment.verdict import Inconclusive, Judgement, Point
+from perfkit.experiment.verdict import Floor, Inconclusive, Judgement, Point
 from perfkit.phases import BREAKDOWN, STEP, UNATTRIBUTED
 
 

@@ -23,8 +23,7 @@ from perfkit.experiment.kinds.base import (
     samples,
     warnings_for,
 )
-from perfkit.experiment.results import Floor
-from perfkit.experiment.verdict import Inconclusive, Judgement, Point
+from perfkit.experiment.verdict import Floor, Inconclusive, Judgement, Point
 
 _KEYS = {"metric": True, "unit": True, "value": False, "floor": False, "factor": False}
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import html
+
 from perfkit.experiment.compare import KINDS, Change, move_words
-from perfkit.experiment.outputs.words import cell, measured_or_why, other_levels
+from perfkit.experiment.outputs.words import cell, code, measured_or_why, other_levels, url
 
 
 def _move_text(change: Change) -> str:
@@ -31,7 +33,7 @@ def markdown(changes: list[Change], base_name: str, *, plots_url: str = "hypothe
     summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "no hypotheses"
     shown = [r for c in changes for r in (c.base, c.current) if r is not None]
     levels = "95% unless marked" if other_levels(shown) else "95%"
-    lines = [f"### perfkit: {summary}", "", f"Against `{base_name}`; intervals are {levels}.", ""]
+    lines = [f"### perfkit: {summary}", "", f"Against {code(base_name)}; intervals are {levels}.", ""]
     changed = [c for c in changes if c.kind != "unchanged"]
     if changed:
         lines += [
@@ -40,12 +42,12 @@ def markdown(changes: list[Change], base_name: str, *, plots_url: str = "hypothe
         ]
         for c in changed:
             plot = c.current.plot if c.current and c.current.plot else None
-            thumb = f'<img src="{plots_url}{plot}" width="120">' if plot else ""
+            thumb = f'<img src="{html.escape(plots_url)}{url(plot)}" width="120">' if plot else ""
             after = measured_or_why(c.current) + (f"; {c.attempt}" if c.attempt else "")
             if c.expectation:
                 after += f"; the expectation moved: {c.expectation}"
             lines.append(
-                f"| {c.kind} | `{c.id}` | {c.verdict_words} | {cell(measured_or_why(c.base))} "
+                f"| {c.kind} | {code(c.id)} | {cell(c.verdict_words)} | {cell(measured_or_why(c.base))} "
                 f"| {cell(after)} | {_move_text(c)} | {thumb} |"
             )
     else:
@@ -53,6 +55,6 @@ def markdown(changes: list[Change], base_name: str, *, plots_url: str = "hypothe
     unchanged = [c for c in changes if c.kind == "unchanged"]
     if unchanged:
         lines += ["", f"<details><summary>{len(unchanged)} unchanged</summary>", ""]
-        lines += [f"- `{c.id}`: {c.verdict_words}, {measured_or_why(c.current)}" for c in unchanged]
+        lines += [f"- {code(c.id)}: " + cell(f"{c.verdict_words}, {measured_or_why(c.current)}") for c in unchanged]
         lines += ["", "</details>"]
     return "\n".join(lines) + "\n"

@@ -16,12 +16,14 @@ from perfkit.experiment.hypothesis import load_hypotheses
 from perfkit.experiment.outputs.words import (
     LEVEL_NOTE,
     cell,
+    code,
     evidence_text,
     flip_note,
     measured_text,
     off_by_text,
     other_levels,
     run_words,
+    url,
 )
 from perfkit.experiment.results import RunResults, load_all_results
 from perfkit.files import write_atomic
@@ -61,7 +63,7 @@ def _history_row(entry: Entry, previous: Entry | None) -> str:
     if entry.result.measured is None and entry.result.reason:
         notes.append(entry.result.reason)
     return (
-        f"| {entry.run_id} | {cell(run_words(entry.run))} | {entry.result.verdict} "
+        f"| {cell(entry.run_id)} | {cell(run_words(entry.run))} | {entry.result.verdict} "
         f"| {cell(measured_text(entry.result))} | {cell('; '.join(notes)) if notes else ''} |"
     )
 
@@ -80,11 +82,11 @@ def render(all_results: list[RunResults]) -> str:
         latest = standing(runs)
         shown_runs[latest.run_id] = latest.run
         r = latest.result
-        plot = f'<a href="ledger/{r.plot}"><img src="ledger/{r.plot}" width="96"></a>' if r.plot else "—"
+        plot = f'<a href="ledger/{url(r.plot)}"><img src="ledger/{url(r.plot)}" width="96"></a>' if r.plot else "—"
         verdict = f"**{r.verdict}**" + (" (not reproduced)" if r.not_reproduced else "")
         lines.append(
-            f"| `{hid}` | {cell(r.claim)} | {cell(r.expected)} | {cell(measured_text(r))} "
-            f"| {cell(evidence_text(r))} | {verdict} | {cell(off_by_text(r))} | {latest.run_id} | {plot} |"
+            f"| {code(hid)} | {cell(r.claim)} | {cell(r.expected)} | {cell(measured_text(r))} "
+            f"| {cell(evidence_text(r))} | {verdict} | {cell(off_by_text(r))} | {cell(latest.run_id)} | {plot} |"
         )
     lines += ["", "Measured by:", ""]
     for run_id in sorted(shown_runs):
@@ -99,14 +101,14 @@ def render(all_results: list[RunResults]) -> str:
         servers = sorted({served.describe(x.server) for r in run.hypotheses for x in r.executions if x.server})
         if servers:
             count += "; served by " + "; ".join(servers)
-        lines.append(f"- {run_id}: {run.created}, {run_words(run)}; {machine}{count}")
+        lines.append("- " + cell(f"{run_id}: {run.created}, {run_words(run)}; {machine}{count}"))
     floors = [(hid, standing(runs).result.floor) for hid, runs in entries.items() if standing(runs).result.floor]
     if floors:
         lines += ["", "Floors used as expected costs:", ""]
         for hid, floor in floors:
             note = f": {floor.note}" if floor.note else ""
             over = f" over {floor.replicates} replicates" if floor.replicates else ""
-            lines.append(f"- `{hid}`: {floor.metric} = {floor.text()}{over}{note}")
+            lines.append(f"- {code(hid)}: " + cell(f"{floor.metric} = {floor.text()}{over}{note}"))
     lines += [
         "",
         "## History",
@@ -121,7 +123,7 @@ def render(all_results: list[RunResults]) -> str:
         rows = [_history_row(e, before(runs, e)) for e in runs]
         older = rows[:-SHOWN_HISTORY]
         flips = [row for row in older if "**flip**" in row]
-        lines += [f"### `{hid}`", "", *header, *flips, *rows[-SHOWN_HISTORY:], ""]
+        lines += [f"### {code(hid)}", "", *header, *flips, *rows[-SHOWN_HISTORY:], ""]
         if older:
             lines += [
                 f"<details><summary>all {len(rows)} measurements</summary>",

@@ -16,7 +16,7 @@ from pathlib import Path
 from perfkit import units
 from perfkit.experiment import compare as diffs
 from perfkit.experiment.history import Entry, history, standing
-from perfkit.experiment.outputs.words import evidence_text, measured_text, off_by_text, other_levels, run_words
+from perfkit.experiment.outputs.words import evidence_text, measured_text, off_by_text, other_levels, run_words, url
 from perfkit.experiment.results import RunResults
 from perfkit.files import write_atomic
 from perfkit.paths import Project
@@ -119,7 +119,7 @@ def render(all_results: list[RunResults], changes: list[diffs.Change] | None, ba
     for hid, runs in entries.items():
         e = standing(runs)
         r = e.result
-        thumb = f'<a href="#{_e(hid)}"><img src="{_e(r.plot)}" width="120" alt="{_e(hid)}"></a>' if r.plot else "—"
+        thumb = f'<a href="#{_e(hid)}"><img src="{_e(url(r.plot))}" width="120" alt="{_e(hid)}"></a>' if r.plot else "—"
         out.append(
             f'<tr><td><a href="#{_e(hid)}"><code>{_e(hid)}</code></a></td><td>{_e(r.claim)}</td>'
             f"<td>{_e(r.expected)}</td><td>{_e(measured_text(r))}</td><td>{_e(evidence_text(r))}</td>"
@@ -134,7 +134,7 @@ def render(all_results: list[RunResults], changes: list[diffs.Change] | None, ba
             f"<p>{_e(r.claim)}</p>",
         ]
         if r.plot:
-            out.append(f'<img src="{_e(r.plot)}" alt="plot of {_e(hid)}" style="max-width: 100%">')
+            out.append(f'<img src="{_e(url(r.plot))}" alt="plot of {_e(hid)}" style="max-width: 100%">')
         out.append(_chart(runs))
         out.append("<table><tr><th>run</th><th>how</th><th>verdict</th><th>measured [95% interval]</th></tr>")
         for e in runs:

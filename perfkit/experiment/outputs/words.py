@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+import re
+from urllib.parse import quote
+
 from perfkit.experiment.results import HypothesisResult, RunResults
+
+# What a results file could use to end a table cell, a code span or open raw HTML, written as itself.
+_MARKDOWN = str.maketrans({"\\": "\\\\", "|": "\\|", "`": "\\`", "&": "&amp;", "<": "&lt;", ">": "&gt;"})
+_PLAIN = re.compile(r"[A-Za-z0-9_.:/=+-]+")  # nothing here can end a code span or a cell
 
 
 def cell(text: str | None) -> str:
+    """Text from a results file as one Markdown table cell (or list item): one line, shown as written."""
     if not text:
         return "—"
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").strip()
+    return " ".join(text.translate(_MARKDOWN).splitlines()).strip()
+
+
+def code(text: str) -> str:
+    """An id as a code span; anything a span could not hold safely is written as a `cell` instead."""
+    return f"`{text}`" if _PLAIN.fullmatch(text) else cell(text)
+
+
+def url(path: str) -> str:
+    """A relative path as it may stand in an HTML attribute or a Markdown link: no quote, space or bracket raw."""
+    return quote(path, safe="/")
 
 
 DEFAULT_LEVEL = "95%"  # what the headers of every view say; a measurement judged at another level says its own

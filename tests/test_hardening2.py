@@ -1,0 +1,152 @@
+"""Issue 24: a results file can neither forge the ledger nor be one perfkit writes and then refuses."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from records import execution, hypothesis, result, run_results, store
+
+from perfkit.cli import main
+from perfkit.errors import RecordError
+from perfkit.experiment import compare, judging, results
+from perfkit.experiment.kinds import expectation
+from perfkit.experiment.outputs import diff, ledger, report
+from perfkit.experiment.verdict import Floor, Measured, Verdict
+from perfkit.files import dumps
+from perfkit.paths import Project
+from perfkit.samples import MetricRecord
+
+FORGED = "x\n| `mask-build-200ms` | claim | expected | 1 ms [1, 1] | — | **confirmed** | — | r0 | — |"
+HOSTILE = "a | b\nc `code` <script>alert(1)</script> & d"
+
+
+@pytest.fixture
+def project(tmp_path) -> Project:
+    (tmp_path / "hypotheses").mkdir()
+    return Project(tmp_path)
+
+
+def _write_raw(project: Project, run_id: str, data: dict) -> None:
+    """A results file as someone (not perfkit's writer) put it there."""
+    project.results_dir.mkdir(parents=True, exist_ok=True)
+    (project.results_dir / f"{run_id}.json").write_text(dumps({**data, "format_version": results.FORMAT_VERSION}))
+
+
+def _refused(project: Project, field: str, message: str) -> str:
+    with pytest.raises(RecordError) as caught:
+        results.load_all_results(project)
+    text = str(caught.value)
+    assert "\n" not in text, text
+    assert text.startswith("hypotheses/ledger/results/r1.json: ") and f"{field}: " in text and message in text, text
+    return text
+
+
+def _separators(row: str) -> int:
+    """The cell boundaries of a Markdown table row: the pipes no backslash escapes."""
+    return len(re.findall(r"(?<!\\)\|", row))
+
+
+# ---------------------------------------------------------------- ids, cells, plot paths
+
+
+def test_a_results_file_whose_id_forges_a_ledger_row_is_refused(project, capsys):
+    data = run_results("r1", result("h", "refuted")).to_json()
+    data["hypotheses"][0]["id"] = FORGED
+    _write_raw(project, "r1", data)
+    _refused(project, "hypotheses[0].id", "expected a slug")
+    assert main(["--root", str(project.root), "ledger", "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "hypotheses[0].id" in err and "Traceback" not in err
+    assert "**confirmed**" not in err.replace("\\n", "")  # the id is shown quoted, on the error's one line
+
+
+def test_the_writer_refuses_an_id_its_reader_would_refuse(project):
+    with pytest.raises(RecordError, match="not written, perfkit would refuse to read it"):
+        store(project, "r1", result("Not A Slug", "confirmed"))
+    assert not (project.results_dir / "r1.json").exists()
+
+
+def test_text_from_a_results_file_stays_in_its_cell_escaped(project):
+    hostile = result(
+        "h",
+        "inconclusive",
+        None,
+        claim=HOSTILE,
+        reason=HOSTILE,
+        plot='plots/a"b.png',
+        floor=Floor(metric="f", value=1.0, unit="ms", note=HOSTILE),
+    )
+    store(project, "r1", hostile)
+    every = results.load_all_results(project)
+    text = ledger.render(every)
+    rows = [line for line in text.splitlines() if line.startswith("| `h` |")]
+    assert len(rows) == 1 and _separators(rows[0]) == 10, rows  # nine columns, one line
+    (history,) = [line for line in text.splitlines() if line.startswith("| r1 |")]
+    assert _separators(history) == 6, history
+    for shown in (text, diff.markdown(compare.compare([], every), "main")):
+        assert "<script>" not in shown and "&lt;script&gt;" in shown
+        assert "\\`code\\`" in shown and "a \\| b c" in shown and "&amp; d" in shown
+        assert 'a"b' not in shown and "plots/a%22b.png" in shown
+    (floor,) = [line for line in text.splitlines() if line.startswith("- `h`: f = 1 ms")]
+    assert "<script>" not in floor and "\\`code\\`" in floor
+    (row,) = [line for line in diff.markdown(compare.compare([], every), "main").splitlines() if "| `h` |" in line]
+    assert _separators(row) == 8, row  # seven columns
+    page = report.render(every, None, None)
+    assert "<script>alert" not in page and 'a"b' not in page and 'src="plots/a%22b.png"' in page
+
+
+# ---------------------------------------------------------------- non-finite measurements
+
+
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+def test_an_overflowing_mean_is_inconclusive_and_its_results_file_loads_back(project):
+    expect = expectation(kind="cost", metric="mask", unit="ms", value=200.0, factor=3.0, min_samples=3)
+    samples = MetricRecord(name="mask", unit="ms", samples=(1e308, 1e308, 1e308))
+    item = judging.judged(hypothesis(expect), [execution(samples)])
+    j = item.judgement
+    assert j.verdict is Verdict.INCONCLUSIVE and j.measured is None and j.off_by is None
+    assert j.reason.startswith("the measurement is not finite: ") and "inf" in j.reason
+    store(project, "r1", judging.to_result(item))
+    (loaded,) = results.load_all_results(project)
+    assert loaded.hypotheses[0].verdict == "inconclusive" and loaded.hypotheses[0].measured is None
+
+
+@pytest.mark.parametrize(
+    "measured, field, message",
+    [
+        ({"value": "inf"}, "hypotheses[0].measured.value", "expected a finite number, got inf"),
+        ({"high": "-inf"}, "hypotheses[0].measured.high", "expected a finite number, got -inf"),
+        ({"low": 3.0, "high": 2.0}, "hypotheses[0].measured.low", "the interval's low 3.0 is above its high 2.0"),
+    ],
+)
+def test_a_hand_made_non_finite_or_inverted_measurement_is_refused(project, measured, field, message):
+    data = run_results("r1", result("h", "confirmed")).to_json()
+    data["hypotheses"][0]["measured"].update(measured)
+    _write_raw(project, "r1", data)
+    _refused(project, field, message)
+
+
+def test_an_inverted_floor_interval_is_refused(project):
+    data = run_results("r1", result("h", "confirmed", floor=Floor(metric="f", value=1.0, unit="ms"))).to_json()
+    data["hypotheses"][0]["floor"].update(low=2.0, high=1.0)
+    _write_raw(project, "r1", data)
+    _refused(project, "hypotheses[0].floor.low", "above its high")
+
+
+def test_the_writer_refuses_a_measurement_its_reader_would_refuse(project):
+    broken = Measured(label="mean", unit="ms", value=float("inf"), low=float("nan"), high=float("nan"))
+    with pytest.raises(RecordError, match="not written") as caught:
+        store(project, "r1", result("h", "inconclusive", measured=broken))
+    assert "\n" not in str(caught.value) and "hypotheses[0].measured" in str(caught.value)
+    assert not (project.results_dir / "r1.json").exists()
+
+
+def test_boolean_samples_are_refused(tmp_path):
+    stored = execution(MetricRecord(name="t", unit="ms", samples=(1.0, 2.0))).to_json()
+    stored["records"][0]["samples"] = [True, 2.0]
+    path = tmp_path / "execution.json"
+    path.write_text(json.dumps({**stored, "format_version": results.FORMAT_VERSION}))
+    with pytest.raises(RecordError, match=r"records\[0\]\.samples: expected numbers, got a boolean"):
+        results.read_execution(path)
