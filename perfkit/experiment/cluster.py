@@ -3,8 +3,9 @@
 The client (the `perfkit run` process) plans, judges and writes, exactly as for a local run; only
 the executions go to the workers. A run ships the project's code under test and notebooks/ once, as
 one archive (no shared filesystem is assumed; a worker unpacks each archive once, by its hash, and
-puts it on the probe's import path), and each execution runs there in its own kernel process under
-the same per-probe timeout,
+puts it on the probe's import path), with the bytes of each probe notebook the plan hashed: each
+execution runs those bytes (not the archive's notebooks/, read later), in the archive's notebooks/
+as its working directory, in its own kernel process under the same per-probe timeout,
 with a utilization trace of that worker's machine, and sends back the executed notebook, its
 records, its log, the trace and the worker's machine in words. Nothing else is written remotely.
 
@@ -38,7 +39,7 @@ from perfkit.errors import UserError
 from perfkit.experiment import code, config
 from perfkit.experiment import execute as executor
 from perfkit.experiment.results import Execution
-from perfkit.files import Reader
+from perfkit.files import Reader, write_atomic
 from perfkit.machine import fitness
 from perfkit.paths import Project
 
@@ -164,12 +165,17 @@ def archive(project: Project) -> tuple[str, bytes]:
     return hashlib.sha256(blob).hexdigest()[:16], blob
 
 
-def ship(client, project: Project):
-    """Send the project's code and notebooks to every worker once per run: a future the run's rounds share."""
+def ship(client, project: Project, probes: dict[str, bytes] | None = None):
+    """Send the project's code and notebooks to every worker once per run: a future the run's rounds share.
+
+    `probes` (notebook -> the bytes the plan hashed, `Plan.sources`) are what the executions run; a
+    notebook not among them runs as the archive has it.
+    """
     digest, blob = archive(project)
     # One future for the whole archive, under a key of its own (hash=False): a key shared with an earlier
     # run's archive being released would lose this run's tasks their input ("lost dependencies").
-    (shipped,) = client.scatter([{"digest": digest, "archive": blob}], broadcast=True, hash=False)
+    sent = {"digest": digest, "archive": blob, "probes": dict(probes or {})}
+    (shipped,) = client.scatter([sent], broadcast=True, hash=False)
     return shipped
 
 
@@ -226,12 +232,17 @@ def run_on_worker(shipped: dict[str, Any], request: dict[str, Any]) -> dict[str,
         pass
     with tempfile.TemporaryDirectory(prefix="perfkit-worker-") as tmp:
         root = Path(tmp)
+        notebook = code_root / "notebooks" / request["notebook"]
+        source = (shipped.get("probes") or {}).get(request["notebook"])
+        if source is not None:  # the bytes the run hashed, under the probe's own name
+            notebook = root / "probe" / request["notebook"]
+            write_atomic(notebook, source)
         # the run's count, not Dask's (its nanny sets OMP_NUM_THREADS=1 for every worker)
         env = fitness.thread_env(request["threads"])
         ended = executor.measure(
             executor.Job(
                 planned=Execution.from_json(Reader(request["planned"], "planned execution")),
-                notebook=code_root / "notebooks" / request["notebook"],
+                notebook=notebook,
                 exec_dir=root / "exec",
                 run_id=request["run_id"],
                 cwd=code_root / "notebooks",

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from perfkit.experiment.options import RunOptions
@@ -54,6 +55,7 @@ class RunContext:
     limits: fitness.Limits = fitness.LIMITS  # when other load makes a replicate unfit ([tool.perfkit] fitness)
     client: Any = None  # the Dask client, when the executions go to a cluster
     shipped: Any = None  # the run's code on the cluster (cluster.ship), sent once
+    probes: dict[str, Path] = field(default_factory=dict)  # notebook -> the copy every replicate executes
     done: dict[str, Execution] = field(default_factory=dict)  # execution id -> as it ended (or was reused)
     why: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (why it ran again, the run compared with)
     said: set[str] = field(default_factory=set)  # keys whose reason was printed

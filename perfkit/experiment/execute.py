@@ -162,7 +162,7 @@ class Job:
     """Everything one probe execution needs, wherever it runs (this machine or a cluster worker)."""
 
     planned: Execution
-    notebook: Path  # the notebook to execute (the probe, or its profiled copy)
+    notebook: Path  # what to execute: the run's copy of the probe (runs/<run-id>/probes/) or its profiled copy
     exec_dir: Path  # where executed.ipynb, its log and traceback go
     run_id: str
     cwd: Path  # the probe's working directory

@@ -6,6 +6,10 @@ hypotheses that read it. Its key hashes what decides the measurement: the notebo
 the environment (`environment_key`: Python, torch and CUDA runtime versions, the machine's
 fingerprint and the environment variables that change performance). An execution is reused from
 an earlier run only when all of them are the same.
+
+Each notebook is read once: the plan keeps the very bytes it hashed (`Plan.sources`), and every
+replicate, here or on a cluster, executes a copy of those bytes (runs/<run-id>/probes/), never the
+file in notebooks/ again, which may have been edited since.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class Plan:
     resources: dict[str, dict[str, float]] = field(default_factory=dict)  # key -> what a worker must offer
     code: dict[str, CodeState] = field(default_factory=dict)  # key -> the code under test it measures
     notebooks: dict[str, str] = field(default_factory=dict)  # notebook -> a hash of its code cells
+    sources: dict[str, bytes] = field(default_factory=dict)  # notebook -> the bytes read once and hashed
 
     def replicated(self) -> list[Execution]:
         """Every replicate of every execution, round by round: replicate 0 of all, then 1, ..."""
@@ -138,7 +143,12 @@ def notebook_code(path: Path) -> bytes:
     Saving the notebook after Run All in JupyterLab (outputs, execution counts, widths) or editing its
     prose leaves this unchanged, so the cache stays warm.
     """
-    nb = json.loads(path.read_text(encoding="utf-8"))
+    return code_cells(path.read_bytes())
+
+
+def code_cells(source: bytes) -> bytes:
+    """`notebook_code` of a notebook's bytes, as read once (the bytes every replicate then executes)."""
+    nb = json.loads(source.decode("utf-8"))
     cells = [
         {"source": "".join(c.get("source", "")), "tags": sorted(c.get("metadata", {}).get("tags", []))}
         for c in nb.get("cells", [])
@@ -232,6 +242,7 @@ def plan(
     resources: dict[str, dict[str, float]] = {}
     code_of: dict[str, CodeState] = {}
     notebooks: dict[str, str] = {}
+    sources: dict[str, bytes] = {}  # notebook -> its bytes, read once: what is hashed is what every replicate runs
     servers: dict[str, dict] = {}  # url -> identity, asked once per run
     for h in hypotheses:
         path = project.notebooks_dir / h.probe.notebook
@@ -248,7 +259,9 @@ def plan(
                     raise UserError(f"--param {name}={value!r}: {problem} ({h.probe.notebook})")
                 params[name] = value
                 used_overrides.add(name)
-        code = notebook_code(path)
+        if h.probe.notebook not in sources:
+            sources[h.probe.notebook] = path.read_bytes()
+        code = code_cells(sources[h.probe.notebook])
         notebooks[h.probe.notebook] = hashlib.sha256(code).hexdigest()[:16]
         under_test = basis.code(h.probe.code)
         threads = h.probe.threads or options.threads or fitness.threads_for(options.at_once())
@@ -281,4 +294,5 @@ def plan(
         resources={k: v for k, v in resources.items() if v},
         code=code_of,
         notebooks=notebooks,
+        sources=sources,
     )

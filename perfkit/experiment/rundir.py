@@ -4,11 +4,16 @@ The manifest (runs/<run-id>/manifest.json) is written as "running" before anythi
 and ends "finished", "interrupted" (Ctrl-C, SIGTERM) or "failed" (it could not write what it
 measured), with every execution that had ended by then. A later run marks a manifest whose
 process is gone "killed".
+
+runs/<run-id>/probes/<sha>/<notebook> holds the bytes of each probe notebook the plan read and
+hashed (<sha>: the first 16 hex digits of their SHA-256): every replicate executes that copy, so
+editing notebooks/ while a run executes changes neither what it measures nor what its key says.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import platform
@@ -22,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.errors import RecordError, UserError
-from perfkit.files import read_versioned, write_json
+from perfkit.files import read_versioned, write_atomic, write_json
 from perfkit.paths import Project
 
 #: Format history of runs/<run-id>/manifest.json (`format_version`):
@@ -59,6 +64,18 @@ class RunDir:
 
     def execution_dir(self, key: str) -> Path:
         return self.path / "executions" / key
+
+    def probe_path(self, notebook: str, source: bytes) -> Path:
+        """Where this run keeps `notebook` as it was read: probes/<sha>/<notebook>, under the probe's own name."""
+        return self.path / "probes" / hashlib.sha256(source).hexdigest()[:16] / notebook
+
+    def freeze_probes(self, sources: dict[str, bytes]) -> dict[str, Path]:
+        """Write each notebook's bytes, atomically, where every replicate executes them: notebook -> its copy."""
+        frozen = {}
+        for notebook, source in sources.items():
+            frozen[notebook] = self.probe_path(notebook, source)
+            write_atomic(frozen[notebook], source)
+        return frozen
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         plain = json.loads(json.dumps(manifest, default=str))

@@ -91,7 +91,9 @@ def _start(
     if client is not None:
         remote.check_resources(client, the_plan.resources, {x.key: x.label() for x in the_plan.executions})
     now = why.Now(the_plan.notebooks, the_plan.code, source_hash, environment, options.profile)
-    ctx = RunContext(project, options, rundir.new_run_dir(project), policy, the_plan, say, now, limits, client)
+    run_dir = rundir.new_run_dir(project)
+    ctx = RunContext(project, options, run_dir, policy, the_plan, say, now, limits, client)
+    ctx.probes = run_dir.freeze_probes(the_plan.sources)  # what every replicate executes: the bytes the keys hashed
     recorded = options.recorded() | {"replicates": policy.first, "hypotheses": [h.id for h in hypotheses]}
     manifest = rundir.manifest(ctx.run_dir, command=options.command, options=recorded, source_hash=source_hash)
     manifest["cache_key"] = environment  # what, besides the notebook and parameters, a reuse must match

@@ -3,8 +3,10 @@
 Replicates run in rounds (replicate 0 of every execution, then 1, ...), each round in an order
 shuffled with a fixed seed, so drift and background load spread over all executions instead of
 landing on one. An execution runs here, `--jobs` at a time, or on a Dask cluster
-(perfkit/experiment/cluster.py); either way it comes back as an `execute.Ended` and is finished
-the same way: fitness judged from its utilization trace, its files written, one line printed.
+(perfkit/experiment/cluster.py), always from the bytes of the notebook the plan hashed (the run's
+copy under runs/<run-id>/probes/, shipped to the cluster), in notebooks/ as its working directory.
+Either way it comes back as an `execute.Ended` and is finished the same way: fitness judged from
+its utilization trace, its files written, one line printed.
 A replicate measured on a busy machine is re-run once at the end of the look.
 """
 
@@ -89,7 +91,7 @@ def _on_slot(
     threads = planned.threads or fitness.threads_for(ctx.options.jobs)  # decided by the plan, for every replicate
     waited = fitness.wait_for_cores(threads, on=cpus)
     env = fitness.thread_env(threads)
-    profiled = profiling.prepare(ctx.options.profile, ctx.project.notebooks_dir / planned.notebook, exec_dir)
+    profiled = profiling.prepare(ctx.options.profile, ctx.probes[planned.notebook], exec_dir)
     if profiled.kernel_prefix:  # the kernel itself runs under the profiler: a kernelspec of its own
         kernel_dir = executor.ensure_kernelspec(exec_dir / "jupyter", prefix=profiled.kernel_prefix)
     job = executor.Job(
@@ -169,7 +171,7 @@ def _on_cluster(ctx: RunContext, batch: list[Execution], tags: dict[str, str], d
         for x in batch
     ]
     if ctx.shipped is None:  # once per run: every round's tasks read the same archive
-        ctx.shipped = remote.ship(ctx.client, ctx.project)
+        ctx.shipped = remote.ship(ctx.client, ctx.project, probes=ctx.plan.sources)
     remote.execute(
         ctx.client,
         remote.Round(
