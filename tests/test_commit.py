@@ -215,3 +215,13 @@ def test_a_full_disk_stops_a_run_with_one_line_and_keeps_what_was_measured(proje
     (manifest,) = [json.loads(p.read_text()) for p in project.runs_dir.glob("*/manifest.json")]
     assert manifest["status"] == "failed" and len(manifest["executions"]) == 1
     assert list(project.runs_dir.glob("*/executions/*/r0/executed.ipynb"))  # the evidence is kept
+
+
+def test_a_committed_results_file_its_reader_refuses_stops_a_run_before_any_probe(project, capsys):
+    commit_run(project, run_results(project, "20250101-000001", 1.0))
+    broken = project.results_dir / "20250101-000001.json"
+    broken.write_text(broken.read_text().replace('"fx-share"', '"fx share"'))
+    assert main(["--root", str(project.root), "run", "--all"]) == 2
+    err = capsys.readouterr().err
+    assert "20250101-000001.json" in err and len(err.strip().splitlines()) == 1
+    assert [p.name for p in project.runs_dir.iterdir() if p.is_dir()] == ["20250101-000001"]  # no run began

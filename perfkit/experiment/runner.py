@@ -24,7 +24,7 @@ from perfkit.experiment.hypothesis import Hypothesis, load_hypotheses
 from perfkit.experiment.judging import Judged, judged
 from perfkit.experiment.options import RunOptions
 from perfkit.experiment.plan import Basis, environment_key, plan, source_tree_hash
-from perfkit.experiment.results import RunResults
+from perfkit.experiment.results import RunResults, load_all_results
 from perfkit.experiment.verdict import Judgement, Verdict
 from perfkit.experiment.write import Written, say_verdicts, write
 from perfkit.machine import devices, snapshot
@@ -56,6 +56,7 @@ def run(project: Project, options: RunOptions, *, out: Callable[[str], None] = p
     hypotheses = load_hypotheses(project, list(options.ids) or None)  # a malformed record stops the run here
     if not hypotheses:
         raise UserError(f"no hypotheses in {project.relative(project.hypotheses_dir)}")
+    load_all_results(project)  # a committed results file its reader refuses stops the run before any probe runs
     rundir.check_writable(project)
     client = remote.connect(options.cluster) if options.cluster else None  # unreachable: an error, nothing written
     try:
