@@ -51,9 +51,11 @@ def write_atomic(path: Path, data: str | bytes) -> None:
             fh.write(data)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:  # a write to a full disk names no file: name it
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         raise
 
 

@@ -150,3 +150,32 @@ def test_boolean_samples_are_refused(tmp_path):
     path.write_text(json.dumps({**stored, "format_version": results.FORMAT_VERSION}))
     with pytest.raises(RecordError, match=r"records\[0\]\.samples: expected numbers, got a boolean"):
         results.read_execution(path)
+
+
+def test_a_write_that_fails_without_naming_a_file_is_named(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from perfkit import files
+
+    real = os.fdopen
+
+    class Full:
+        def __init__(self, fd, mode):
+            self.fh = real(fd, mode)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")  # as a write to a full disk: no file named
+
+    monkeypatch.setattr(files.os, "fdopen", Full)
+    target = tmp_path / "results.json"
+    with pytest.raises(OSError) as caught:
+        files.write_atomic(target, "{}")
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(target)
+    assert list(tmp_path.iterdir()) == []  # no temporary file left behind
