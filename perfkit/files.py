@@ -78,6 +78,11 @@ def read_json(path: Path, shown: str | None = None) -> Any:
         raise RecordError(f"cannot read: {exc}", path=shown) from None
     except json.JSONDecodeError as exc:
         raise RecordError(f"not valid JSON: {exc.msg}", path=shown, line=exc.lineno) from None
+    except RecursionError:
+        raise RecordError("nested too deep to read; no perfkit file is", path=shown) from None
+    except ValueError as exc:  # an integer of over 4,300 digits
+        why = "an integer of over 4,300 digits" if "digits" in str(exc) else str(exc)[:120]
+        raise RecordError(f"not readable JSON: {why}", path=shown) from None
 
 
 def upgrade(

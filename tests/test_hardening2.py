@@ -179,3 +179,22 @@ def test_a_write_that_fails_without_naming_a_file_is_named(tmp_path, monkeypatch
         files.write_atomic(target, "{}")
     assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(target)
     assert list(tmp_path.iterdir()) == []  # no temporary file left behind
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "nested too deep to read"),
+        ('{"run_id": ' + "9" * 5000 + "}", "over 4,300 digits"),
+    ],
+)
+@pytest.mark.parametrize("command", [["ledger"], ["ledger", "--check"], ["show", "h"], ["diff", "{results}"]])
+def test_a_results_file_no_json_reader_can_hold_is_one_line_for_every_command(tmp_path, capsys, text, words, command):
+    from perfkit.cli import main
+
+    results = tmp_path / "hypotheses" / "ledger" / "results"
+    results.mkdir(parents=True)
+    (results / "20250101-000001.json").write_text(text)
+    assert main(["--root", str(tmp_path), *(c.format(results=results) for c in command)]) == 2
+    err = capsys.readouterr().err
+    assert "20250101-000001.json" in err and words in err and "Traceback" not in err
