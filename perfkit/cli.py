@@ -220,7 +220,17 @@ def _report(project, args) -> int:
     from perfkit.experiment.results import load_all_results
 
     out = Path(args.out) if args.out else project.runs_dir / "report"
-    page = report.write(project, out, load_all_results(project), base=args.base)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"report --out {out}: a file is there; name a folder (it is created)")
+    linked = [p for p in (out / "plots", out / "index.html") if p.is_symlink()]
+    linked += [p for p in (out / "plots").glob("*") if p.is_symlink()] if (out / "plots").is_dir() else []
+    if linked:  # the report would write through it, to wherever it points
+        raise UserError(f"report --out {out}: {linked[0]} is a symbolic link; the report writes only its own files")
+    results = load_all_results(project)
+    try:
+        page = report.write(project, out, results, base=args.base)
+    except OSError as exc:
+        raise UserError(f"report --out {out}: cannot write {exc.filename or out}: {exc.strerror or exc}") from None
     print(f"wrote {page}")
     return 0
 

@@ -198,3 +198,20 @@ def test_a_results_file_no_json_reader_can_hold_is_one_line_for_every_command(tm
     assert main(["--root", str(tmp_path), *(c.format(results=results) for c in command)]) == 2
     err = capsys.readouterr().err
     assert "20250101-000001.json" in err and words in err and "Traceback" not in err
+
+
+def test_report_out_a_file_or_a_folder_holding_links_is_one_line_and_writes_nothing(tmp_path, capsys):
+    from perfkit.cli import main
+
+    (tmp_path / "hypotheses").mkdir()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine")
+    assert main(["--root", str(tmp_path), "report", "--out", str(a_file)]) == 2
+    assert "a file is there" in capsys.readouterr().err and a_file.read_text() == "mine"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "plots").symlink_to(elsewhere, target_is_directory=True)
+    assert main(["--root", str(tmp_path), "report", "--out", str(out)]) == 2
+    assert "plots is a symbolic link" in capsys.readouterr().err and list(elsewhere.iterdir()) == []
