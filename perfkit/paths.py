@@ -118,3 +118,9 @@ def git_state(directory: Path) -> tuple[str | None, bool | None]:
     if commit.returncode != 0:
         return None, None
     return commit.stdout.strip(), bool(status.stdout.strip()) if status.returncode == 0 else None
+
+
+def format_literal(path: str | Path) -> str:
+    """`path` as a format string that gives itself back: papermill formats every path it is given
+    with the parameters (`str.format`), so a brace in a folder's or a notebook's name stays a brace."""
+    return str(path).replace("{", "{{").replace("}", "}}")

@@ -215,3 +215,25 @@ def test_report_out_a_file_or_a_folder_holding_links_is_one_line_and_writes_noth
     (out / "plots").symlink_to(elsewhere, target_is_directory=True)
     assert main(["--root", str(tmp_path), "report", "--out", str(out)]) == 2
     assert "plots is a symbolic link" in capsys.readouterr().err and list(elsewhere.iterdir()) == []
+
+
+def test_braces_in_the_project_path_and_the_notebook_name_are_just_characters(tmp_path, monkeypatch):
+    import shutil
+    from pathlib import Path
+
+    from records import run
+
+    from perfkit.experiment import schedule
+    from perfkit.paths import Project
+
+    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+    fixtures = Path(__file__).parent / "fixtures" / "project"
+    root = tmp_path / "we{ird}"
+    (root / "hypotheses").mkdir(parents=True)
+    (root / "notebooks").mkdir()
+    shutil.copy(fixtures / "notebooks" / "fixture_probe.ipynb", root / "notebooks" / "probe{1}.ipynb")
+    record = (fixtures / "hypotheses" / "fx-cost-confirmed.yaml").read_text()
+    (root / "hypotheses" / "fx-cost-confirmed.yaml").write_text(record.replace("fixture_probe.ipynb", "probe{1}.ipynb"))
+    report = run(Project(root), ids=["fx-cost-confirmed"], replicates=1, max_replicates=1, out=lambda line: None)
+    (result,) = report.results.hypotheses
+    assert result.verdict != "error", result.reason

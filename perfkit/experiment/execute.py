@@ -24,6 +24,7 @@ from perfkit.experiment import kernel
 from perfkit.experiment.results import Execution
 from perfkit.files import Reader, write_atomic
 from perfkit.machine.fitness import cpu_list
+from perfkit.paths import format_literal
 from perfkit.samples import MIMETYPE, MetricRecord
 
 KERNEL_NAME = kernel.NAME
@@ -445,8 +446,8 @@ def _child(spec_path: str) -> int:
     papermill_engines.register("perfkit", _engine())
     try:
         papermill.execute_notebook(
-            spec["notebook"],
-            spec["output"],
+            format_literal(spec["notebook"]),  # papermill formats both paths with the parameters
+            format_literal(spec["output"]),
             parameters=spec["params"],
             engine_name="perfkit",
             kernel_name=KERNEL_NAME,

@@ -45,7 +45,7 @@ from perfkit import units
 from perfkit.errors import RecordError, UserError
 from perfkit.experiment.checker import MAX_RECORD_BYTES, Checker, Located, finite, is_number, shown, type_name
 from perfkit.experiment.kinds import KINDS, Expect, all_keys
-from perfkit.paths import Project, find_project
+from perfkit.paths import Project, find_project, format_literal
 
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,119}\Z")  # at most 120: <id>.png and its temporary names fit a file name
 
@@ -133,7 +133,7 @@ def notebook_parameters(path: Path) -> dict[str, dict] | str:
         return "notebook has no cell tagged `parameters`"
     if not nb.metadata.get("kernelspec", {}).get("name"):
         return "notebook metadata has no kernelspec; set it to the `perfkit` kernel"
-    return papermill.inspect_notebook(str(path))
+    return papermill.inspect_notebook(format_literal(path))
 
 
 def recorded_units(path: Path) -> dict[str, str]:
