@@ -237,3 +237,25 @@ def test_braces_in_the_project_path_and_the_notebook_name_are_just_characters(tm
     report = run(Project(root), ids=["fx-cost-confirmed"], replicates=1, max_replicates=1, out=lambda line: None)
     (result,) = report.results.hypotheses
     assert result.verdict != "error", result.reason
+
+
+def test_a_scheduler_that_accepts_and_never_answers_is_an_error_not_a_hang():
+    import socket
+    import threading
+    import time
+
+    from perfkit.errors import UserError
+    from perfkit.experiment import cluster
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    held = []
+    threading.Thread(target=lambda: held.extend(listener.accept() for _ in range(8)), daemon=True).start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(UserError, match="accepted the connection but did not answer"):
+            cluster.connect(f"tcp://127.0.0.1:{listener.getsockname()[1]}", timeout_s=1.0)
+    finally:
+        listener.close()
+    assert time.monotonic() - start < 30

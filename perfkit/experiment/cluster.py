@@ -28,6 +28,7 @@ import os
 import platform
 import shutil
 import tempfile
+import threading
 import time
 import zipfile
 from collections.abc import Callable
@@ -83,11 +84,7 @@ def connect(spec: str, *, timeout_s: float = 5.0):
         finally:
             os.environ.clear()
             os.environ.update(environ)
-    try:
-        client = distributed.Client(spec, timeout=timeout_s)
-    except (OSError, TimeoutError) as exc:
-        raise UserError(f"cannot reach the Dask scheduler at {spec}: {exc}; nothing was run") from None
-    workers = client.scheduler_info().get("workers", {})
+    client, workers = _reach(distributed, spec, timeout_s)
     if not any(w.get("resources", {}).get(RESOURCE) for w in workers.values()):
         client.close()
         raise UserError(
@@ -95,6 +92,29 @@ def connect(spec: str, *, timeout_s: float = 5.0):
             f"`dask worker {spec} --nworkers 1 --nthreads 1 --resources {RESOURCE}=1`"
         )
     return client
+
+
+def _reach(distributed, spec: str, timeout_s: float):
+    """(client, its workers) of the scheduler at `spec`, the whole handshake under a deadline: a listener
+    that accepts the connection and never answers is a UserError after `timeout_s` + 5 s, not a hang."""
+    got: dict[str, Any] = {}
+
+    def attempt() -> None:
+        try:
+            client = distributed.Client(spec, timeout=timeout_s)
+            got["result"] = (client, client.scheduler_info().get("workers", {}))
+        except Exception as exc:  # reported below, in the caller's thread
+            got["error"] = exc
+
+    thread = threading.Thread(target=attempt, name="perfkit-cluster-connect", daemon=True)
+    thread.start()
+    thread.join(timeout_s + 5.0)
+    if thread.is_alive():
+        raise UserError(f"the Dask scheduler at {spec} accepted the connection but did not answer; nothing was run")
+    if "error" in got:
+        exc = got["error"]
+        raise UserError(f"cannot reach the Dask scheduler at {spec}: {type(exc).__name__}: {exc}; nothing was run")
+    return got["result"]
 
 
 def host_slots(client) -> dict[str, tuple[int, int]]:
