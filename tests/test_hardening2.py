@@ -259,3 +259,24 @@ def test_a_scheduler_that_accepts_and_never_answers_is_an_error_not_a_hang():
     finally:
         listener.close()
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize(
+    ("payload", "words"),
+    [
+        ({"format_version": 99, "records": []}, "records of format 99; this perfkit reads 1 to"),
+        ([{"name": "m"}], "a perfkit output without a list of records"),
+        ({"format_version": 1, "records": {"name": "m"}}, "a perfkit output without a list of records"),
+    ],
+)
+def test_a_records_payload_of_another_format_or_shape_is_refused(payload, words):
+    import nbformat
+
+    from perfkit.errors import RecordError
+    from perfkit.experiment.execute import records_in
+    from perfkit.samples import MIMETYPE
+
+    cell = nbformat.v4.new_code_cell("perfkit.record(...)")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={MIMETYPE: payload, "text/plain": "m"})]
+    with pytest.raises(RecordError, match=words.replace("(", r"\(")):  # a run makes it the execution's error
+        records_in(nbformat.v4.new_notebook(cells=[cell]), "hand.ipynb")

@@ -20,11 +20,13 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from perfkit.errors import RecordError
 from perfkit.experiment import kernel
 from perfkit.experiment.results import Execution
-from perfkit.files import Reader, write_atomic
+from perfkit.files import VERSION_KEY, Reader, write_atomic
 from perfkit.machine.fitness import cpu_list
 from perfkit.paths import format_literal
+from perfkit.samples import FORMAT_VERSION as SAMPLES_VERSION
 from perfkit.samples import MIMETYPE, MetricRecord
 
 KERNEL_NAME = kernel.NAME
@@ -89,8 +91,17 @@ def records_in(nb, shown: str = "executed notebook") -> list[MetricRecord]:
             payload = output.get("data", {}).get(MIMETYPE)
             if payload is None:
                 continue
-            for i, item in enumerate(payload.get("records", [])):
-                out.append(MetricRecord.from_json(Reader(item, shown, f"cells[{index}].records[{i}]")))
+            where = f"cells[{index}]"
+            records = payload.get("records") if isinstance(payload, dict) else None
+            version = payload.get(VERSION_KEY) if isinstance(payload, dict) else None
+            if not isinstance(records, list):
+                raise RecordError("a perfkit output without a list of records", path=shown, field=where)
+            if version not in range(1, SAMPLES_VERSION + 1) or isinstance(version, bool):  # a newer perfkit's?
+                raise RecordError(
+                    f"records of format {version!r}; this perfkit reads 1 to {SAMPLES_VERSION}", path=shown
+                )
+            for i, item in enumerate(records):
+                out.append(MetricRecord.from_json(Reader(item, shown, f"{where}.records[{i}]")))
     return out
 
 
@@ -285,7 +296,10 @@ def execute(job: Job, *, launched: Callable[[int], None] | None = None) -> Ended
         cpus=cpu_list(job.cpus) if job.cpus else None,
     )
     nb = read_notebook(output)
-    records = tuple(records_in(nb, str(output))) if nb is not None else ()
+    try:
+        records, unreadable = (tuple(records_in(nb, str(output))) if nb is not None else ()), None
+    except RecordError as exc:  # this probe's outputs, not the run, are at fault: an error execution
+        records, unreadable = (), str(exc)
     running = last_started_cell(nb) if nb is not None else None
     cells = tuple(cell_times(nb)) if nb is not None else ()
     if timed_out:
@@ -304,6 +318,8 @@ def execute(job: Job, *, launched: Callable[[int], None] | None = None) -> Ended
         told = json.loads(outcome_path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         told = {"status": "crashed", "ename": None, "evalue": f"the executor process exited with status {returncode}"}
+    if unreadable is not None and told.get("status") == "ok":
+        told = {"status": "error", "ename": "RecordError", "evalue": f"its records cannot be read: {unreadable}"}
     return Ended(_told(replace(ended, records=records), told, job, running), cells)
 
 
