@@ -427,6 +427,18 @@ def test_a_probe_printing_more_than_the_cap_is_stored_cut_with_a_note(first):
     assert verdicts(report)["fx-cost-confirmed"][0] == "confirmed"  # the record after the flood is kept
 
 
+def test_one_message_larger_than_the_cap_keeps_its_first_part_and_is_no_timeout(first):
+    project, _, _ = first
+    report, _ = rerun(project, ids=["fx-cost-confirmed"], overrides={"mode": "flood"})
+    (executed,) = (project.runs_dir / report.run_id).glob("executions/*/r0/executed.ipynb")
+    nb = nbformat.read(str(executed), as_version=4)
+    texts = [o.get("text", "") for c in nb.cells for o in c.get("outputs", [])]
+    kept = sum(t.count("y") for t in texts)
+    assert executor.OUTPUT_CAP_BYTES - 2**20 < kept <= executor.OUTPUT_CAP_BYTES  # not nothing: the first 8 MiB
+    assert any(t.startswith("[perfkit: ") and "capped at 8 MiB" in t for t in texts)
+    assert verdicts(report)["fx-cost-confirmed"][0] == "confirmed"  # no timeout, and the record after it is kept
+
+
 def test_a_process_the_probe_leaves_in_a_session_of_its_own_is_killed(first, tmp_path):
     import psutil
 

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from perfkit.errors import RecordError
-from perfkit.experiment import kernel
+from perfkit.experiment import capped, kernel
 from perfkit.experiment.results import Execution
 from perfkit.files import VERSION_KEY, Reader, write_atomic
 from perfkit.machine.fitness import cpu_list
@@ -246,6 +246,7 @@ def _launch(
     child_env.update(job.env)
     # the kernel (and whatever it starts) imports the project's own code without it being installed
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(job.code_root), child_env.get("PYTHONPATH")) if p)
+    child_env[kernel.OUTPUT_CAP_ENV] = str(OUTPUT_CAP_BYTES)  # the kernel cuts a flood before it reaches us
     with open(log_path, "wb") as log:
         with _live_lock:  # started and known at once: kill_all either sees it or it never starts
             if _stopping.is_set():
@@ -395,58 +396,6 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(3)
 
 
-def _capped_client():
-    """papermill's notebook client, storing at most OUTPUT_CAP_BYTES of a probe's output, with a note of the cut."""
-    from nbformat.v4 import new_output
-    from papermill.clientwrap import PapermillNotebookClient
-
-    class CappedClient(PapermillNotebookClient):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.kept = 0  # characters stored so far
-            self.cut: dict[int, int] = {}  # cell index -> characters cut
-            self.notes: dict[int, object] = {}  # cell index -> the note saying so
-
-        def output(self, outs, msg, display_id, cell_index):
-            content = msg.get("content", {})
-            data = content.get("data") or {}
-            if msg["msg_type"] == "error" or MIMETYPE in data:  # evidence and tracebacks are never cut
-                return super().output(outs, msg, display_id, cell_index)
-            size = len(content.get("text", "")) + sum(len(str(v)) for v in data.values())
-            if self.kept + size <= OUTPUT_CAP_BYTES:
-                self.kept += size
-                return super().output(outs, msg, display_id, cell_index)
-            self.cut[cell_index] = self.cut.get(cell_index, 0) + size
-            text = (
-                f"[perfkit: {self.cut[cell_index]:,} characters of this cell's output were cut: a probe's stored "
-                f"output is capped at {OUTPUT_CAP_BYTES // 2**20} MiB]\n"
-            )
-            note = self.notes.get(cell_index)
-            if note is None or not any(o is note for o in outs):
-                note = new_output("stream", name="stderr", text=text)
-                outs.append(note)
-                self.notes[cell_index] = note
-            else:
-                note["text"] = text
-            return None
-
-    return CappedClient
-
-
-def _engine():
-    """A papermill engine that runs the notebook with the capped client."""
-    from papermill.engines import NBClientEngine, logger
-
-    client = _capped_client()
-
-    class CappedEngine(NBClientEngine):
-        @classmethod
-        def execute_managed_notebook(cls, nb_man, kernel_name, start_timeout=60, **kwargs):
-            return client(nb_man, kernel_name=kernel_name, startup_timeout=start_timeout, log=logger).execute()
-
-    return CappedEngine
-
-
 def _child(spec_path: str) -> int:
     """Run papermill and say how it ended in the outcome file (child process side)."""
     import papermill
@@ -459,7 +408,7 @@ def _child(spec_path: str) -> int:
         _pin(spec["cpus"])  # before the kernel starts: it and its threads inherit the CPUs
     _become_subreaper()
     threading.Thread(target=_exit_with_parent, args=(spec.get("parent", os.getppid()),), daemon=True).start()
-    papermill_engines.register("perfkit", _engine())
+    papermill_engines.register("perfkit", capped.engine(OUTPUT_CAP_BYTES))
     try:
         papermill.execute_notebook(
             format_literal(spec["notebook"]),  # papermill formats both paths with the parameters

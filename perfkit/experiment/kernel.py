@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 NAME = "perfkit"
+OUTPUT_CAP_ENV = "PERFKIT_OUTPUT_CAP"  # characters of stdout and stderr the kernel forwards
 
 
 def project_root(start: Path) -> Path | None:
@@ -76,6 +77,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cap_streams(cap: int) -> None:
+    """Forward at most `cap` characters of this kernel's stdout and stderr, then one note: a probe that
+    prints a gigabyte costs neither this kernel nor the run recording it more than the cap."""
+    sent = [0]
+    for stream in (sys.stdout, sys.stderr):
+        write = stream.write
+
+        def capped(text, write=write):
+            room = cap - sent[0]
+            if room > 0:
+                sent[0] += min(len(text), room)
+                write(text[:room])
+                if len(text) > room:
+                    write(f"\n[perfkit: this probe's output went past {cap:,} characters; the kernel cut the rest]\n")
+            return len(text)
+
+        stream.write = capped
+
+
 def _launch() -> None:
     root = os.environ.get("PERFKIT_ROOT")
     found = Path(root) if root else project_root(Path.cwd().resolve())
@@ -83,7 +103,12 @@ def _launch() -> None:
         on_path(found)
     from ipykernel import kernelapp
 
-    kernelapp.launch_new_instance()
+    app = kernelapp.IPKernelApp.instance()
+    app.initialize()
+    cap = os.environ.get(OUTPUT_CAP_ENV, "")
+    if cap.isdigit():  # set by `perfkit run` for its probes; a kernel in JupyterLab prints everything
+        cap_streams(int(cap))
+    app.start()
 
 
 if __name__ == "__main__":
