@@ -225,3 +225,28 @@ def test_a_committed_results_file_its_reader_refuses_stops_a_run_before_any_prob
     err = capsys.readouterr().err
     assert "20250101-000001.json" in err and len(err.strip().splitlines()) == 1
     assert [p.name for p in project.runs_dir.iterdir() if p.is_dir()] == ["20250101-000001"]  # no run began
+
+
+def test_a_disk_that_fills_mid_run_never_leaves_the_manifest_running(project, monkeypatch, capsys):
+    import errno
+
+    monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
+    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(project.results_dir / "x.json"))
+
+    real = rundir.write_json
+
+    def manifest_cannot_grow(path, data, *, version):
+        if Path(path).name == "manifest.json" and data.get("status") != "running":
+            raise OSError(errno.ENOSPC, "No space left on device")  # the final manifest needs new blocks
+        real(path, data, version=version)
+
+    monkeypatch.setattr(commit, "apply", full)
+    monkeypatch.setattr(rundir, "write_json", manifest_cannot_grow)
+    assert main(["--root", str(project.root), "run", "fx-cost-confirmed", "--quick", "--replicates", "1"]) == 2
+    assert "cannot write" in capsys.readouterr().err
+    (manifest,) = [json.loads(p.read_text()) for p in project.runs_dir.glob("*/manifest.json")]
+    assert manifest["status"] == "failed" and "No space left on device" in manifest["failed_note"]
+    assert manifest["run_id"] and manifest["process"]  # what a later run needs to tell it from a live one

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.errors import RecordError, UserError
-from perfkit.files import read_versioned, write_atomic, write_json
+from perfkit.files import VERSION_KEY, dumps, read_versioned, write_atomic, write_json
 from perfkit.paths import Project
 
 #: Format history of runs/<run-id>/manifest.json (`format_version`):
@@ -40,6 +40,17 @@ from perfkit.paths import Project
 #:   4: `options` holds every command-line option of the run by its field name
 #:      (perfkit/experiment/options.py), `confidence` the level its verdicts were judged at.
 MANIFEST_VERSION = 4
+_ESSENTIAL = (
+    "run_id",
+    "created",
+    "status",
+    "failed_note",
+    "command",
+    "cwd",
+    "versions",
+    "process",
+    "timings",
+)  # shrunk
 MIN_FREE_BYTES = 64 * 2**20  # executed notebooks, samples and plots of a run: well under this
 CANNOT_WRITE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
@@ -79,7 +90,31 @@ class RunDir:
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         plain = json.loads(json.dumps(manifest, default=str))
-        write_json(self.path / "manifest.json", plain, version=MANIFEST_VERSION)
+        try:
+            write_json(self.path / "manifest.json", plain, version=MANIFEST_VERSION)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not self._shrunk_in_place(plain):
+                raise
+
+    def _shrunk_in_place(self, plain: dict[str, Any]) -> bool:
+        """On a full disk, the manifest's ending over the bytes of the one there (no new block is needed),
+        its bulkiest parts left out until it fits: a run that failed never stays `running` for want of
+        a few kilobytes. Not atomic (a kill right then could tear it), so only this last resort."""
+        path = self.path / "manifest.json"
+        try:
+            room = path.stat().st_size
+        except OSError:
+            return False
+        for keep in (None, _ESSENTIAL):
+            shown = {k: v for k, v in plain.items() if keep is None or k in keep}
+            text = dumps({**shown, "shrunk_on_a_full_disk": keep is not None, VERSION_KEY: MANIFEST_VERSION})
+            data = text.encode("utf-8")
+            if len(data) <= room:
+                with open(path, "r+b") as fh:
+                    fh.write(data)
+                    fh.truncate()
+                return True
+        return False
 
 
 class Interrupted(KeyboardInterrupt):
