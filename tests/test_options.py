@@ -68,6 +68,7 @@ def test_every_flag_reaches_its_field():
         ({"all": True, "timeout_s": float("nan")}, "--timeout must be a positive number of seconds, got nan"),
         ({"all": True, "timeout_s": float("inf")}, "--timeout must be a positive number of seconds, got inf"),
         ({"all": True, "replicates": 0}, "--replicates must be from 1"),
+        ({"all": True, "replicates": 3, "max_replicates": 1}, "--max-replicates 1 is fewer than --replicates 3"),
         ({"all": True, "profile": "perf"}, "--profile: expected one of torch, nsys"),
         ({"all": True, "profile": "torch", "cluster": "local:1"}, "--profile with --cluster"),
     ],

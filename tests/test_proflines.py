@@ -205,3 +205,12 @@ def test_a_malformed_number_is_not_a_line_and_never_a_traceback(tmp_path, capsys
     assert proflines.main([str(log)]) == 0
     out = capsys.readouterr().out
     assert "pid 5" in out and "pid 1 " not in out
+
+
+def test_terminal_escapes_in_a_name_or_origin_never_reach_the_terminal_raw():
+    figures = "n=2 mean=1ms p50=1ms p99=1ms last=1ms total=2ms"
+    text = f"\x1b]0;pwned\x07host [perfkit-prof pid=3] \x1b[31mred\x1b[0m: {figures}\n"
+    text += f"other [perfkit-prof pid=4] plain: {figures}\n"
+    out = proflines.table(text)
+    assert "\x1b" not in out and "\x07" not in out
+    assert "\\x1b[31mred\\x1b[0m" in out and "\\x1b]0;pwned\\x07host pid 3" in out

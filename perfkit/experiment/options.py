@@ -152,6 +152,11 @@ class RunOptions:
         for flag, value in (("--replicates", self.replicates), ("--max-replicates", self.max_replicates)):
             if value is not None and not 1 <= value <= MAX_REPLICATES:
                 raise UserError(f"{flag} must be from 1 to {MAX_REPLICATES}, got {value}")
+        if self.replicates and self.max_replicates and self.max_replicates < self.replicates:
+            raise UserError(
+                f"--max-replicates {self.max_replicates} is fewer than --replicates {self.replicates}: "
+                "the most a run may grow to cannot be below where it starts"
+            )
         if self.jobs < 1:
             raise UserError(f"--jobs must be at least 1, got {self.jobs}")
         if self.threads is not None and not 1 <= self.threads <= 1024:

@@ -241,7 +241,7 @@ def merge(rows: list[ProfLine]) -> Merged:
 
 def label(row: ProfLine, *, with_origin: bool) -> str:
     """`pid 12 rank 0`, after its origin when origins tell processes apart."""
-    return f"{row.origin} {row.process}" if with_origin and row.origin else row.process
+    return printable(f"{row.origin} {row.process}" if with_origin and row.origin else row.process)
 
 
 def _shared_pids(by_name: dict[str, list[ProfLine]]) -> list[str]:
@@ -269,7 +269,7 @@ def table(text_or_rows: str | dict[str, list[ProfLine]]) -> str:
     out = []
     for name, rows in by_name.items():
         m = merge(rows)
-        out.append(f"{name}  ({m.processes} process{'es' if m.processes != 1 else ''})")
+        out.append(f"{printable(name)}  ({m.processes} process{'es' if m.processes != 1 else ''})")  # no raw ESC
         out.append(f"  {'process':<{width}} {'n':>9} {'mean':>11} {'p50':>11} {'p99':>11} {'total':>11}")
         for i, r in enumerate(rows):
             mark = "  <- slowest" if i == 0 and len(rows) > 1 else ""
