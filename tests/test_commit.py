@@ -250,3 +250,26 @@ def test_a_disk_that_fills_mid_run_never_leaves_the_manifest_running(project, mo
     (manifest,) = [json.loads(p.read_text()) for p in project.runs_dir.glob("*/manifest.json")]
     assert manifest["status"] == "failed" and "No space left on device" in manifest["failed_note"]
     assert manifest["run_id"] and manifest["process"]  # what a later run needs to tell it from a live one
+
+
+def test_ctrl_c_while_plotting_stops_the_run_even_when_plotting_code_swallows_it(project, monkeypatch, capsys):
+    import signal
+    import time
+
+    from perfkit.experiment import plots
+
+    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+    real = plots.render
+
+    def interrupted_render(*args, **kwargs):
+        try:  # as a KeyboardInterrupt raised inside a weakref callback is printed and dropped
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        except KeyboardInterrupt:
+            pass
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plots, "render", interrupted_render)
+    assert main(["--root", str(project.root), "run", "fx-share", "--replicates", "1", "--max-replicates", "1"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert load_all_results(project) == []  # nothing half-written

@@ -56,7 +56,7 @@ def locked(project: Project, say: Callable[[str], None] | None = None) -> Iterat
 
 
 @contextmanager
-def _signals_deferred() -> Iterator[None]:
+def signals_deferred() -> Iterator[None]:
     """SIGINT/SIGTERM wait until the block ends, then act (the main thread only can swap handlers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -144,7 +144,7 @@ def apply(project: Project, results: RunResults, earlier: list[RunResults]) -> P
     The caller holds the lock and read `earlier` (every committed results file) under it.
     """
     where = staging_dir(project, results.run_id)
-    with _signals_deferred():
+    with signals_deferred():
         staged = where / "results.json"
         write_atomic(staged, checked_text(results, project.relative(results_path(project, results.run_id))))
         write_json(where / "journal.json", {"run_id": results.run_id, "status": "pending"}, version=JOURNAL_VERSION)

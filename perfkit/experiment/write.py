@@ -31,9 +31,11 @@ def _plots(ctx: RunContext, judged: list[judging.Judged]) -> Path:
     staged = commit.staging_dir(ctx.project, ctx.run_dir.run_id) / "plots"
     for item in judged:
         h = item.hypothesis
-        png = plots.render(h.id, item.judgement, list(item.points), h.expect.plot)
-        plots.write_plot(ctx.run_dir.path / "plots" / f"{h.id}.png", png)
-        plots.write_plot(staged / f"{h.id}.png", plots.scaled(png, plots.LEDGER_DPI / plots.DPI))
+        # Ctrl-C acts after this plot: raised inside matplotlib it can land in a weakref callback and vanish
+        with commit.signals_deferred():
+            png = plots.render(h.id, item.judgement, list(item.points), h.expect.plot)
+            plots.write_plot(ctx.run_dir.path / "plots" / f"{h.id}.png", png)
+            plots.write_plot(staged / f"{h.id}.png", plots.scaled(png, plots.LEDGER_DPI / plots.DPI))
     return staged
 
 
