@@ -104,7 +104,12 @@ def upgrade(
         step = (upgrades or {}).get(version)
         if step is None:
             raise RecordError(f"no upgrade from {VERSION_KEY} {version}", path=shown, field=VERSION_KEY)
-        data = step(data)
+        try:
+            data = step(data)
+        except (TypeError, AttributeError, KeyError, ValueError, IndexError) as exc:  # not shaped as that format
+            raise RecordError(
+                f"not a {VERSION_KEY} {version} file to upgrade ({type(exc).__name__}: {str(exc)[:80]})", path=shown
+            ) from None
         version += 1
         data[VERSION_KEY] = version
     return data
@@ -149,8 +154,9 @@ class Reader:
             return None
         try:
             number = decode_number(value)
-        except ValueError:
-            raise RecordError(f"expected a number, got {value!r}", path=self.path, field=self.field(key)) from None
+        except (ValueError, OverflowError):  # OverflowError: an integer no float can hold
+            shown = repr(value)[:40]
+            raise RecordError(f"expected a number, got {shown}", path=self.path, field=self.field(key)) from None
         if not nan and math.isnan(number):
             raise RecordError("expected a number, got NaN", path=self.path, field=self.field(key))
         return number
