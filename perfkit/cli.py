@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 
+import perfkit
 from perfkit.errors import UserError
 
 # jsonschema (imported by nbformat, by papermill) compiles a grammar for the "iri" format when the
@@ -40,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="perfkit", description="Performance hypotheses, probes, verdicts and a ledger."
     )
     parser.add_argument("--root", help="project directory (default: $PERFKIT_ROOT or the nearest one above cwd)")
+    parser.add_argument("--version", action="version", version=f"perfkit {perfkit.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 

@@ -97,3 +97,15 @@ def test_judge_on_json_that_is_no_notebook_is_one_line(tmp_path, capsys, payload
     assert main(["--root", str(tmp_path), "judge", str(path)]) == 2
     err = capsys.readouterr().err
     assert "not a readable notebook" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_version_and_the_roofline_help_name_the_command_people_type(capsys):
+    import perfkit
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"perfkit {perfkit.__version__}"
+    with pytest.raises(SystemExit) as done:
+        main(["roofline", "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: perfkit roofline") and "comma-separated" in out

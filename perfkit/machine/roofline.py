@@ -279,11 +279,15 @@ def _engine_config(preset: str):
 
 
 def main(argv: list[str]) -> int:
-    """`python -m perfkit.machine.roofline`: the floor of an engine step over a context sweep."""
-    p = argparse.ArgumentParser(prog="python -m perfkit.machine.roofline", description=main.__doc__)
+    """`perfkit roofline`: the floor of an engine step over a context sweep."""
+    p = argparse.ArgumentParser(prog="perfkit roofline", description=main.__doc__)
     p.add_argument("--preset", default="shipped", help="engine preset whose target is costed (default: shipped)")
     p.add_argument("--machine", default="measured", help=f"'measured' or one of: {', '.join(PRESETS)}")
-    p.add_argument("--contexts", default="1024,4096,16384,32768,65536")
+    p.add_argument(
+        "--contexts",
+        default="1024,4096,16384,32768,65536",
+        help="cached context lengths to cost, comma-separated (default: 1024,4096,16384,32768,65536)",
+    )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--q-tokens", type=int, default=1, help="tokens per request per step (tree nodes)")
     p.add_argument("--dtype-bytes", type=float, default=4.0)
