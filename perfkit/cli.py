@@ -192,7 +192,10 @@ def _run(project, args, argv) -> int:
     report = runner.run(project, chosen, out=out)
     _write_junit(args.junit, junit.run_junit(report.results))
     if args.json:
-        print(json.dumps(report.results.to_json() | {"exit_code": report.exit_code}, indent=1))
+        from perfkit.experiment.results import FORMAT_VERSION
+
+        payload = report.results.to_json() | {"exit_code": report.exit_code, "format_version": FORMAT_VERSION}
+        print(json.dumps(payload, indent=1))  # the results file's own shape and version, and the exit code
     return report.exit_code
 
 

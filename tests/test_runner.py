@@ -16,7 +16,7 @@ from records import run
 from perfkit.cli import main
 from perfkit.errors import UserError
 from perfkit.experiment import execute as executor
-from perfkit.experiment import profiling, rundir, runner, schedule
+from perfkit.experiment import profiling, results, rundir, runner, schedule
 from perfkit.experiment.outputs import ledger
 from perfkit.paths import Project
 
@@ -618,6 +618,7 @@ def test_run_show_and_validate_speak_json(first, monkeypatch, capsys):
     captured = capsys.readouterr()
     data = json.loads(captured.out)  # only the JSON on stdout; progress went to stderr
     assert data["hypotheses"][0]["id"] == "fx-share" and data["exit_code"] == 0 and "finished in" in captured.err
+    assert data["format_version"] == results.FORMAT_VERSION  # the results file's shape, versioned as it is
     assert main([*root, "show", "fx-share", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["standing"]["verdict"] == "confirmed" and shown["history"]
