@@ -94,6 +94,16 @@ def _review_commands(sub) -> None:
     show.add_argument("id")
     show.add_argument("--json", action="store_true", help="the record, the standing result and the history as JSON")
 
+    chk = sub.add_parser(
+        "check",
+        help="measure the working tree against one hypothesis for `git bisect run`: exit 0 it holds, "
+        "1 it does not, 125 undecided (skip); nothing is written to the ledger",
+    )
+    chk.add_argument("id", help="the hypothesis")
+    chk.add_argument("--quick", action="store_true", help="use its probe's quick parameters")
+    chk.add_argument("--replicates", type=int, default=None, help="processes to start with")
+    chk.add_argument("--max-replicates", type=int, default=None, help="the most it may grow to while undecided")
+
     new = sub.add_parser("new", help="scaffold a working probe notebook to edit")
     new.add_argument("what", choices=["probe"])
     new.add_argument("name", help="notebook name: lowercase letters, digits, underscores")
@@ -272,6 +282,8 @@ def _main(argv: list[str]) -> int:
         return _report(project, args)
     if args.command == "show":
         return _show(project, args)
+    if args.command == "check":
+        return _check(project, args, argv)
     if args.command == "new":
         from perfkit.experiment.scaffold import new_probe
 
@@ -281,6 +293,42 @@ def _main(argv: list[str]) -> int:
         )
         return 0
     raise AssertionError(f"unhandled command {args.command}")
+
+
+BISECT = {"confirmed": 0, "refuted": 1}  # git bisect run: 0 good ("holds"), 1 bad ("broken"), 125 skip
+
+
+def _check(project, args, argv) -> int:
+    """`perfkit check ID`: the working tree measured against one hypothesis, for `git bisect run`.
+
+        git bisect start --term-old=holds --term-new=broken BAD GOOD
+        git bisect run perfkit check ID
+
+    Exit 0 when the claim holds (confirmed), 1 when it does not (refuted), 125 (git bisect's
+    "skip") when it cannot say: inconclusive, a busy machine, a probe that failed, or a record or
+    probe that this commit does not have. The run's evidence is under runs/; the ledger is never
+    written, so the work tree git bisect checks out stays as it was."""
+    from perfkit.experiment import runner
+    from perfkit.experiment.options import RunOptions
+
+    options = RunOptions(
+        ids=(args.id,),
+        quick=args.quick,
+        replicates=args.replicates,
+        max_replicates=args.max_replicates,
+        command="perfkit " + shlex.join(argv),
+        ledger=False,
+    )
+    try:
+        report = runner.run(project, options, out=lambda line: print(line, file=sys.stderr))
+    except UserError as exc:
+        print(f"perfkit check: cannot measure {args.id} here ({exc}); 125: skip this commit", file=sys.stderr)
+        return 125
+    (result,) = report.results.hypotheses
+    code = BISECT.get(result.verdict, 125)
+    words = {0: "it holds", 1: "it does not hold"}.get(code, f"undecided ({result.reason or result.verdict})")
+    print(f"{args.id}: {result.verdict}: {words}; exit {code}")
+    return code
 
 
 def _terminate(signum, frame) -> None:

@@ -273,3 +273,13 @@ def test_ctrl_c_while_plotting_stops_the_run_even_when_plotting_code_swallows_it
     assert main(["--root", str(project.root), "run", "fx-share", "--replicates", "1", "--max-replicates", "1"]) == 130
     assert "interrupted" in capsys.readouterr().err
     assert load_all_results(project) == []  # nothing half-written
+
+
+@pytest.mark.parametrize(("hid", "code"), [("fx-cost-confirmed", 0), ("fx-share", 0), ("no-such-claim", 125)])
+def test_check_answers_git_bisect_and_never_writes_the_ledger(project, monkeypatch, capsys, hid, code):
+    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+    before = {p: p.read_bytes() for p in project.hypotheses_dir.rglob("*") if p.is_file()}
+    assert main(["--root", str(project.root), "check", hid, "--replicates", "1", "--max-replicates", "1"]) == code
+    out, err = capsys.readouterr()
+    assert f"exit {code}" in out if code != 125 or hid != "no-such-claim" else "125: skip this commit" in err
+    assert {p: p.read_bytes() for p in project.hypotheses_dir.rglob("*") if p.is_file()} == before

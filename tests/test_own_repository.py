@@ -179,3 +179,31 @@ def test_a_cluster_run_imports_the_same_code_from_the_shipped_archive(repo, inst
         r"\[execute\] ownlib_probe.ipynb repeat=12: ownlib/__init__.py changed; .*cluster none -> local:1", done.stdout
     )
     assert re.search(r"ownlib-work-under-8ms\s+refuted\s+measured 1[1-4](\.\d+)? ms", done.stdout), done.stdout
+
+
+def test_git_bisect_run_perfkit_check_finds_the_commit_that_made_it_slow(tmp_path, installed):
+    """Six commits after the probe: comments, then one that makes work() 15x slower, then comments."""
+    repo = own_repository(tmp_path / "bisected", delay_s=0.002)
+    perfkit(repo, installed, "init")
+    add_probe(repo)
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-q", "-m", "the probe")
+    good = sh(repo, "git", "rev-parse", "HEAD").stdout.strip()
+    source = repo / "ownlib" / "__init__.py"
+    for i in range(6):
+        text = source.read_text()
+        source.write_text(text.replace("0.002", "0.03") if i == 3 else text + f"# comment {i}\n")
+        sh(repo, "git", "commit", "-q", "-am", f"change {i}")
+        if i == 3:
+            slow = sh(repo, "git", "rev-parse", "HEAD").stdout.strip()
+    head = sh(repo, "git", "rev-parse", "HEAD").stdout.strip()
+    env = {k: v for k, v in installed.items() if not k.startswith("_")}
+    sh(repo, "git", "bisect", "start", "--term-old=holds", "--term-new=broken", head, good, env=env)
+    check = ["perfkit", "check", "ownlib-work-under-8ms", "--replicates", "3", "--max-replicates", "3"]
+    done = sh(repo, "git", "bisect", "run", *check, env=env, check=False)
+    if "exit 125" in done.stdout and "is the first broken commit" not in done.stdout:
+        pytest.skip(f"the machine could not decide a commit: {done.stdout[-500:]}")
+    assert f"{slow} is the first broken commit" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+    sh(repo, "git", "bisect", "reset", env=env)
+    assert sh(repo, "git", "rev-parse", "HEAD").stdout.strip() == head
+    assert sh(repo, "git", "status", "--porcelain").stdout == ""  # perfkit check wrote nothing git tracks

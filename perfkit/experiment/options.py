@@ -145,6 +145,7 @@ class RunOptions:
     )
     command: str = ""  # the command line, as recorded in the results
     retry_unfit: bool = True  # re-run, once, a replicate measured while the machine was busy
+    ledger: bool = True  # commit the verdicts to hypotheses/ledger/ (perfkit check measures, never commits)
 
     def check(self) -> None:
         if bool(self.ids) == bool(self.all):

@@ -81,7 +81,7 @@ def write(ctx: RunContext, judged: list[judging.Judged], *, git: dict, machine: 
             machine=machine,
         )
         path = None
-        if fresh:
+        if fresh and options.ledger:
             stored = replace(results, hypotheses=tuple(fresh))
             # what perfkit's own reader would refuse is never committed: every later command would exit 2
             checked_text(stored, project.relative(results_path(project, stored.run_id)))
