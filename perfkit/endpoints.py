@@ -1,4 +1,5 @@
-"""Who answers at a URL: what an OpenAI-compatible server says about itself in `GET /v1/models`.
+"""Who answers at a URL: what an OpenAI-compatible server says about itself in `GET /v1/models`;
+and a free loopback port for a server to come.
 
 One reading for the probe that drives a server (`perfkit.serving`) and for the plan that keys its
 executions on the server (`perfkit.experiment.served`): the first model's `id` and `root`, every
@@ -9,13 +10,14 @@ preset, version, pids, ...) or, from another server, an `x-perfkit-engine` respo
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from typing import Any
 
 from perfkit.errors import UserError
 
-__all__ = ["Unreachable", "get_json", "identity"]
+__all__ = ["Unreachable", "free_port", "get_json", "identity"]
 
 TIMEOUT_S = 10.0
 ENGINE_HEADER = "x-perfkit-engine"
@@ -62,3 +64,10 @@ def identity(url: str, *, timeout: float = TIMEOUT_S) -> dict[str, Any]:
         "models": [m.get("id") for m in models if isinstance(m, dict)],
         "engine": engine,
     }
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the OS's choice), for a server or a process group about to bind it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

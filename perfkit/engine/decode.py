@@ -103,6 +103,16 @@ class GenerateResult:
         return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else float("nan")
 
 
+def check_choices(*, mode: str, tree: str, mask: str) -> None:
+    """UserError unless the decode mode, tree builder and mask builder are ones the engine has."""
+    if mode not in MODES:
+        raise UserError(f"mode must be one of {MODES}, got {mode!r}")
+    if tree not in tree_build.BUILDERS:
+        raise UserError(f"tree must be one of {tuple(tree_build.BUILDERS)}, got {tree!r}")
+    if mask not in verify_mask.BUILDERS:
+        raise UserError(f"mask must be one of {tuple(verify_mask.BUILDERS)}, got {mask!r}")
+
+
 class Engine:
     """A target model, its block drafter, and the decode loop that drives them."""
 
@@ -247,12 +257,7 @@ class Engine:
         return out
 
     def _check(self, prefixes, max_new_tokens, mode, budget, tree, mask, fill):
-        if mode not in MODES:
-            raise UserError(f"mode must be one of {MODES}, got {mode!r}")
-        if tree not in tree_build.BUILDERS:
-            raise UserError(f"tree must be one of {tuple(tree_build.BUILDERS)}, got {tree!r}")
-        if mask not in verify_mask.BUILDERS:
-            raise UserError(f"mask must be one of {tuple(verify_mask.BUILDERS)}, got {mask!r}")
+        check_choices(mode=mode, tree=tree, mask=mask)
         if fill not in FILLS:
             raise UserError(f"fill must be one of {FILLS}, got {fill!r}")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +33,7 @@ import traceback
 from multiprocessing import connection
 from pathlib import Path
 
+from perfkit.endpoints import free_port
 from perfkit.engine.bench import APPROX_FROM
 from perfkit.errors import PerfkitError, UserError
 
@@ -42,8 +42,7 @@ __all__ = ["Workers", "RankError", "RankDied", "COLLECTIVE_TIMEOUT_S"]
 COLLECTIVE_TIMEOUT_S = 120.0  # a rank gives up on a peer that has not joined a collective after this
 ERROR_GRACE_S = 10.0  # after one rank reports an error, how long the others have to report theirs
 PEER_DEATH_S = 1.0  # how long a rank's collective error waits for a peer's death to show
-MODES = ("spec", "ar")
-FILLS = ("auto", "prefill", "approx")
+FILLS = ("auto", "prefill", "approx")  # the engine's, and auto: approx from APPROX_FROM prompt tokens on
 _RANK_CODE = "from perfkit.engine.workers import _rank_main; _rank_main()"
 
 
@@ -75,19 +74,14 @@ class Workers:
         stderr=None,
     ):
         from perfkit import __version__
-        from perfkit.kernels import tree_build, verify_mask
+        from perfkit.engine.decode import check_choices
 
         for name, value in (("tp", tp), ("budget", budget), ("threads", 1 if threads is None else threads)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"{name} must be a positive int, got {value!r}")
-        if mode not in MODES:
-            raise UserError(f"mode must be one of {MODES}, got {mode!r}")
+        check_choices(mode=mode, tree=tree, mask=mask)  # before any rank starts, as each rank's engine would
         if fill not in FILLS:
             raise UserError(f"fill must be one of {FILLS}, got {fill!r}")
-        if mask not in verify_mask.BUILDERS:
-            raise UserError(f"mask must be one of {tuple(verify_mask.BUILDERS)}, got {mask!r}")
-        if tree not in tree_build.BUILDERS:
-            raise UserError(f"tree must be one of {tuple(tree_build.BUILDERS)}, got {tree!r}")
         self.tp = tp
         self.fill = fill
         self.identity = dict(
@@ -120,7 +114,7 @@ class Workers:
         """Start the rank processes and return at once (they import torch and load in parallel)."""
         if self._procs:
             raise UserError("these workers were already started")
-        port = _free_port() if self.tp > 1 else 0
+        port = free_port() if self.tp > 1 else 0
         root = str(Path(__file__).resolve().parents[2])  # the directory holding the perfkit package
         path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
         out = self._stderr if self._stderr is not None else 2  # ranks print nothing on our stdout
@@ -388,12 +382,6 @@ def _threads() -> int:
     of a probe, so a server the probe starts uses the same count), else this process's CPUs."""
     given = os.environ.get("OMP_NUM_THREADS", "")
     return int(given) if given.isdigit() and int(given) > 0 else len(os.sched_getaffinity(0))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- inside a rank process -------------------------------------------------------------------------

@@ -24,10 +24,9 @@ _SHOWN = ("tp", "mode", "preset", "budget", "device", "dtype", "version")
 
 
 def identity(url: str, *, timeout: float = TIMEOUT_S) -> dict[str, Any]:
-    """Who answers at `url`: {"url", "model", "root", "engine": {...}} or {"url", "unreachable": why}."""
+    """Who answers at `url` (a server the probe does not start: see `started`): {"url", "model", "root",
+    "engine": {...}} or {"url", "unreachable": why}."""
     url = url.rstrip("/")
-    if not url:
-        return dict(STARTED)
     try:
         found = endpoints.identity(url, timeout=timeout)
     except endpoints.Unreachable as exc:

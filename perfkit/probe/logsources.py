@@ -51,15 +51,20 @@ from perfkit.probe.proflines import ProfLine
 # --- writing: reports of a process that never exits ----------------------------------------------
 
 
+def seconds(value: str | None) -> float | None:
+    """A positive, finite number of seconds from text, None when unset or 0; ValueError when not a number."""
+    number = float(value) if value and value.strip() else 0.0
+    return number if number > 0 and math.isfinite(number) else None
+
+
 def seconds_env(name: str) -> float | None:
     """A positive number of seconds from the environment, or None (unset, 0, or not a number: said once)."""
     value = os.environ.get(name, "").strip()
     try:
-        seconds = float(value) if value else 0.0
+        return seconds(value)
     except ValueError:
         print(f"{proflines.PREFIX}] ignoring {name}={value!r}: not a number of seconds", file=sys.stderr)
         return None
-    return seconds if seconds > 0 and math.isfinite(seconds) else None
 
 
 class Reporter:
@@ -230,22 +235,30 @@ def _need(binary: str, what: str) -> None:
         raise UserError(f"{binary} not found on PATH: it is needed to read {what}")
 
 
-class Journal:
-    """A systemd unit's journal, through `journalctl -o json`."""
+class _Queried:
+    """A log read by a command once the window closes (`finish`); its binary must be there when it opens."""
 
-    def __init__(self, unit: str, lookback: float) -> None:
-        self.unit, self.lookback = unit, lookback
-        self.label = f"journal:{unit}"
+    KIND = BINARY = ""
+
+    def __init__(self, name: str, lookback: float) -> None:
+        self.name, self.lookback = name, lookback
+        self.label = f"{self.KIND}:{name}"
 
     def begin(self, origin: str) -> None:
-        _need("journalctl", self.label)
+        _need(self.BINARY, self.label)
 
     def close(self) -> None:
         pass
 
+
+class Journal(_Queried):
+    """A systemd unit's journal, through `journalctl -o json`."""
+
+    KIND, BINARY = "journal", "journalctl"
+
     def finish(self, origin: str, start: float, end: float) -> Lines:
         since = start - self.lookback
-        argv = ["journalctl", "-u", self.unit, "--since", f"@{since:.6f}", "--until", f"@{end:.6f}"]
+        argv = ["journalctl", "-u", self.name, "--since", f"@{since:.6f}", "--until", f"@{end:.6f}"]
         text, _ = _run([*argv, "-o", "json", "--no-pager"], self.label)
         out = Lines()
         for raw in text.splitlines():
@@ -255,7 +268,7 @@ class Journal:
                 message = bytes(message).decode("utf-8", errors="replace")
             if not isinstance(message, str):
                 continue
-            who = f"{entry.get('SYSLOG_IDENTIFIER') or self.unit}[{entry.get('_PID', '?')}]:"  # as journalctl prints it
+            who = f"{entry.get('SYSLOG_IDENTIFIER') or self.name}[{entry.get('_PID', '?')}]:"  # as journalctl prints it
             where = " ".join(p for p in (origin, entry.get("_HOSTNAME", ""), who) if p)
             line = proflines.parse_line(message, where)
             if line is not None:
@@ -294,23 +307,15 @@ def _epoch(stamp: str) -> float | None:
     return when.timestamp() + (float(f"0.{frac}") if frac else 0.0)
 
 
-class Docker:
+class Docker(_Queried):
     """A container's log, through `docker logs --timestamps` (stdout and stderr)."""
 
-    def __init__(self, container: str, lookback: float) -> None:
-        self.container, self.lookback = container, lookback
-        self.label = f"docker:{container}"
-
-    def begin(self, origin: str) -> None:
-        _need("docker", self.label)
-
-    def close(self) -> None:
-        pass
+    KIND, BINARY = "docker", "docker"
 
     def finish(self, origin: str, start: float, end: float) -> Lines:
         argv = ["docker", "logs", "--timestamps", "--since", _rfc3339(start - self.lookback)]
-        stdout, stderr = _run([*argv, "--until", _rfc3339(end), self.container], self.label)
-        where = " ".join(p for p in (origin, self.container) if p)
+        stdout, stderr = _run([*argv, "--until", _rfc3339(end), self.name], self.label)
+        where = " ".join(p for p in (origin, self.name) if p)
         stamped = []
         for raw in (stdout + "\n" + stderr).splitlines():
             stamp, _, message = raw.partition(" ")
@@ -361,12 +366,11 @@ def _settle(source: Any) -> float:
     if callable(getattr(source, "report", None)) and source.report(dry=True):
         return ASKED_S
     env = getattr(source, "env", None)
-    interval = env.get("PERFKIT_PROFILE_INTERVAL") if isinstance(env, dict) else None
     try:
-        seconds = float(interval) if interval is not None else 0.0
+        interval = seconds(env.get("PERFKIT_PROFILE_INTERVAL")) if isinstance(env, dict) else None
     except ValueError:
-        return 0.0
-    return 1.5 * seconds + 0.1 if seconds > 0 and math.isfinite(seconds) else 0.0
+        interval = None
+    return 1.5 * interval + 0.1 if interval else 0.0
 
 
 class ProfileWindow:

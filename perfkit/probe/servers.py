@@ -13,7 +13,6 @@ import atexit
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,19 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfkit.endpoints import get_json, identity
+from perfkit.endpoints import free_port, get_json, identity
 from perfkit.errors import UserError
 
 STARTUP_TIMEOUT_S = 600.0  # loading weights and spawning TP ranks on a busy CPU takes a while
 STOP_GRACE_S = 15.0  # SIGTERM, then this long, then SIGKILL
 TAIL_LINES = 30
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (the OS's choice); the server binds it a moment later."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _health(url: str) -> int | None:
