@@ -104,6 +104,32 @@ def _review_commands(sub) -> None:
     chk.add_argument("--replicates", type=int, default=None, help="processes to start with")
     chk.add_argument("--max-replicates", type=int, default=None, help="the most it may grow to while undecided")
 
+    bis = sub.add_parser(
+        "bisect",
+        help="find the commit(s) where a hypothesis's measurement changed, each commit measured in a git "
+        "worktree of its own; exit 0 found, 1 no change, 3 undecided",
+    )
+    bis.add_argument("id", help="the hypothesis")
+    bis.add_argument("--good", default=None, help="where it held (default: the ledger's last run that confirmed it)")
+    bis.add_argument("--bad", default="HEAD", help="where it no longer holds (default: HEAD)")
+    bis.add_argument("--replicates", type=int, default=3, help="processes per commit to start with (default 3)")
+    bis.add_argument(
+        "--max-replicates", type=int, default=None, help="the most per commit while two cannot be told apart (4x)"
+    )
+    bis.add_argument("--quick", action="store_true", help="use its probe's quick parameters")
+    where = bis.add_mutually_exclusive_group()
+    where.add_argument("--jobs", type=int, default=1, help="replicates of a commit run at once here")
+    where.add_argument("--cluster", default=None, help="measure on a Dask cluster (local:N or a scheduler address)")
+    bis.add_argument(
+        "--probe-from",
+        choices=["tree", "commit"],
+        default="tree",
+        help="the record and probe as they are now (tree, default) or each commit's own (commit)",
+    )
+    shown = bis.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="print the bisect's record as JSON")
+    shown.add_argument("--md", action="store_true", help="print markdown for a pull-request comment")
+
     new = sub.add_parser("new", help="scaffold a working probe notebook to edit")
     new.add_argument("what", choices=["probe"])
     new.add_argument("name", help="notebook name: lowercase letters, digits, underscores")
@@ -284,6 +310,8 @@ def _main(argv: list[str]) -> int:
         return _show(project, args)
     if args.command == "check":
         return _check(project, args, argv)
+    if args.command == "bisect":
+        return _bisect(project, args)
     if args.command == "new":
         from perfkit.experiment.scaffold import new_probe
 
@@ -329,6 +357,33 @@ def _check(project, args, argv) -> int:
     words = {0: "it holds", 1: "it does not hold"}.get(code, f"undecided ({result.reason or result.verdict})")
     print(f"{args.id}: {result.verdict}: {words}; exit {code}")
     return code
+
+
+def _bisect(project, args) -> int:
+    """`perfkit bisect ID`: the table, culprits and plot; progress on stderr so --json and --md stay clean."""
+    from perfkit.experiment import bisection
+    from perfkit.experiment.outputs import bisect as shown
+    from perfkit.experiment.plots import write_plot
+    from perfkit.files import dumps
+
+    options = bisection.BisectOptions(
+        id=args.id,
+        good=args.good,
+        bad=args.bad,
+        replicates=args.replicates,
+        max_replicates=args.max_replicates,
+        quick=args.quick,
+        jobs=args.jobs,
+        cluster=args.cluster,
+        probe_from=args.probe_from,
+    )
+    found = bisection.run(project, options, say=lambda line: print(line, file=sys.stderr, flush=True))
+    write_plot(found.folder / "bisect.png", shown.plot(found))
+    if args.json:
+        print(dumps({**found.to_json(), "folder": project.relative(found.folder)}), end="")
+    else:
+        print(shown.markdown(found) if args.md else shown.text(found), end="")
+    return found.exit_code()
 
 
 def _terminate(signum, frame) -> None:

@@ -16,9 +16,21 @@ from perfkit.errors import UserError
 
 @dataclass(frozen=True)
 class Project:
-    """A directory holding hypotheses/, notebooks/ and runs/."""
+    """A directory holding hypotheses/, notebooks/ and runs/.
+
+    `code` is where the code under test is when it is not the project itself (`perfkit bisect`
+    measures each commit in a git worktree of its own); `runs` where the evidence goes when the
+    records come from such a worktree too (`--probe-from commit`): the project's own runs/.
+    """
 
     root: Path
+    code: Path | None = None
+    runs: Path | None = None
+
+    @property
+    def code_root(self) -> Path:
+        """Where the code under test is: first on a probe's import path, and what its key hashes."""
+        return self.code or self.root
 
     @property
     def hypotheses_dir(self) -> Path:
@@ -30,7 +42,7 @@ class Project:
 
     @property
     def runs_dir(self) -> Path:
-        return self.root / "runs"
+        return self.runs or self.root / "runs"
 
     @property
     def ledger_path(self) -> Path:
@@ -52,6 +64,8 @@ class Project:
     def check_confined(self) -> None:
         """Refuse to write through a link out of the project: runs/, the ledger and its results and plots."""
         root = self.root.resolve()
+        if self.runs is not None:  # another project's runs/, which that project checked
+            root = self.runs.resolve().parent
         for path in (self.runs_dir, self.ledger_dir, self.results_dir, self.plots_dir, self.ledger_path):
             if (path.exists() or path.is_symlink()) and not path.resolve().is_relative_to(root):
                 raise UserError(

@@ -486,6 +486,24 @@ def test_every_replicate_of_an_execution_runs_with_the_threads_the_run_decided_o
     assert measured_by.endswith("; 2 CPU threads, each replicate on CPUs of its own")  # the thread count, in the ledger
 
 
+def test_kernels_started_at_once_talk_over_sockets_of_their_own_not_racing_ports(first):
+    project, _, _ = first
+    report, _ = rerun(project, ids=["fx-silent"], overrides={"mode": "transport"}, replicates=4, jobs=2)
+    executed = sorted((project.runs_dir / report.run_id).glob("executions/*/r*/executed.ipynb"))
+    assert len(executed) == 4  # every kernel started
+    places = set()
+    for path in executed:
+        nb = nbformat.read(str(path), as_version=4)
+        (said,) = [
+            o["text"] for c in nb.cells for o in c.get("outputs", []) if o.get("text", "").startswith("transport:")
+        ]
+        _, transport, ip = said.split()
+        assert transport == "ipc"  # Unix sockets: no free port picked, released and raced for (papermill#511)
+        places.add(Path(ip).parent)
+    assert len(places) == 4  # a directory per kernel
+    assert not any(place.exists() for place in places)  # removed with the kernel
+
+
 def _perfkit(project, *args):
     import subprocess
     import sys

@@ -7,9 +7,18 @@ kept up to the cap (never dropped whole), the rest replaced by one note per cell
 was cut. Records and tracebacks are evidence and are never cut. And the wait for a cell's last
 output after it finished (nbclient's iopub timeout, 4 s) is made long and never fatal: a flood
 that takes a while to drain is not a cell that timed out.
+
+The kernel talks to this process over Unix sockets in a directory of its own, not TCP ports:
+jupyter_client picks free ports by binding and releasing them, so two kernels starting at once
+can be handed the same port and one dies before it answers (papermill#511; seen as "Kernel died
+before replying to kernel_info" on a 2-core CI machine running probes in parallel).
 """
 
 from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
 
 from perfkit.samples import MIMETYPE
 
@@ -22,13 +31,20 @@ def client(cap: int):
     from papermill.clientwrap import PapermillNotebookClient
 
     class CappedClient(PapermillNotebookClient):
-        def __init__(self, *args, **kwargs):
+        def __init__(self, *args, sockets: Path, **kwargs):
             super().__init__(*args, **kwargs)
+            self.sockets = sockets  # where the kernel's Unix sockets go
             self.iopub_timeout = max(self.iopub_timeout, IOPUB_WAIT_S)
             self.raise_on_iopub_timeout = False  # late output is late, not a timeout of the cell
             self.kept = 0  # characters stored so far
             self.cut: dict[int, int] = {}  # cell index -> characters cut
             self.notes: dict[int, object] = {}  # cell index -> the note saying so
+
+        def create_kernel_manager(self):
+            km = super().create_kernel_manager()
+            km.transport = "ipc"  # no ports to race for (the module's docstring)
+            km.ip = str(self.sockets / "kernel")
+            return km
 
         def output(self, outs, msg, display_id, cell_index):
             content = msg.get("content", {})
@@ -75,6 +91,12 @@ def engine(cap: int):
     class CappedEngine(NBClientEngine):
         @classmethod
         def execute_managed_notebook(cls, nb_man, kernel_name, start_timeout=60, **kwargs):
-            return capped_client(nb_man, kernel_name=kernel_name, startup_timeout=start_timeout, log=logger).execute()
+            sockets = Path(tempfile.mkdtemp(prefix="perfkit-kernel-"))  # short: a socket's path has a 107-byte limit
+            try:
+                return capped_client(
+                    nb_man, kernel_name=kernel_name, startup_timeout=start_timeout, log=logger, sockets=sockets
+                ).execute()
+            finally:
+                shutil.rmtree(sockets, ignore_errors=True)
 
     return CappedEngine

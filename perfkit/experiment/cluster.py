@@ -175,7 +175,7 @@ def archive(project: Project) -> tuple[str, bytes]:
                     f"the code a cluster run ships is over {MAX_SHIPPED_BYTES // 2**20} MiB "
                     f"(at {project.relative(path)}); name what the probes import in [tool.perfkit] code = [...]"
                 )
-            info = zipfile.ZipInfo(path.relative_to(project.root).as_posix(), date_time=(1980, 1, 1, 0, 0, 0))
+            info = zipfile.ZipInfo(code.shipped_name(project, path), date_time=(1980, 1, 1, 0, 0, 0))
             info.compress_type, info.external_attr = (
                 zipfile.ZIP_DEFLATED,
                 (0o755 if os.access(path, os.X_OK) else 0o644) << 16,

@@ -59,9 +59,10 @@ def git_top(root: Path) -> Path | None:
 
 def working_tree(project: Project, top: Path) -> str:
     """The git tree of the working tree as it is on disk, less the project's runs/, hypotheses/ and notebooks."""
-    prefix = project.root.resolve().relative_to(top.resolve()).as_posix()
+    code_root = project.code_root
+    prefix = code_root.resolve().relative_to(top.resolve()).as_posix()
     prefix = "" if prefix == "." else prefix + "/"
-    named = [f"{prefix}{name}" for name in EXCLUDED if (project.root / name).exists()]
+    named = [f"{prefix}{name}" for name in EXCLUDED if (code_root / name).exists()]
     said = git_try(top, "check-ignore", "--", *named) if named else None
     ignored = set(said.stdout.split()) if said is not None else set()
     skipped = [f":(exclude){n}" for n in named if n not in ignored] + [f":(exclude,glob){prefix}notebooks/**/*.ipynb"]
@@ -174,7 +175,7 @@ def _digest(*parts: Any) -> str:
 
 def state(project: Project, names: tuple[str, ...] | None = None) -> CodeState:
     """The code under test now: the default (None), or the paths and distributions `names` lists."""
-    root = project.root
+    root = project.code_root
     top = git_top(root)
     tree = working_tree(project, top) if top is not None else None
     if names is None:
@@ -247,12 +248,12 @@ def resolver(project: Project, configured: tuple[str, ...] | None):
 
 
 def files(project: Project, names: tuple[str, ...] | None) -> list[Path]:
-    """The project's files a cluster worker needs to import the code under test (paths under the root).
+    """The project's files a cluster worker needs to import the code under test (paths under its code root).
 
     In git: the tracked and untracked-but-not-ignored files (all, or those under the configured paths),
     never runs/ or hypotheses/; outside git, the same walk as the hash. notebooks/ is always shipped.
     """
-    root = project.root
+    root = project.code_root
     if git_top(root) is not None:
         listed = git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".").split("\0")
         found = [root / name for name in listed if name and (root / name).is_file()]
@@ -264,5 +265,13 @@ def files(project: Project, names: tuple[str, ...] | None) -> list[Path]:
     if names is not None:
         wanted = [root / n for n in names if (root / n).exists()] + [project.notebooks_dir]
         chosen = [p for p in chosen if any(p == w or p.is_relative_to(w) for w in wanted)]
+    chosen = [p for p in chosen if p.relative_to(root).parts[0] != "notebooks"]  # the project's own, below
     notebooks = [p for p in project.notebooks_dir.rglob("*") if p.is_file() and ".ipynb_checkpoints" not in p.parts]
     return sorted(set(chosen) | set(notebooks))
+
+
+def shipped_name(project: Project, path: Path) -> str:
+    """Where a file `files` lists goes in what a cluster worker unpacks: notebooks/... or its place in the code."""
+    if path.is_relative_to(project.notebooks_dir):
+        return "notebooks/" + path.relative_to(project.notebooks_dir).as_posix()
+    return path.relative_to(project.code_root).as_posix()

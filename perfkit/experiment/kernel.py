@@ -3,7 +3,9 @@
 A probe imports the code under test (`import ownlib`) without that code being installed: this
 kernel finds the project (PERFKIT_ROOT, else the nearest folder above the notebook's with
 hypotheses/ and notebooks/), puts it first on `sys.path` and on PYTHONPATH for what the probe
-starts, then runs the ordinary IPython kernel. `perfkit run` starts its probes in this kernel too, with PYTHONPATH set.
+starts, then runs the ordinary IPython kernel. `perfkit run` starts its probes in this kernel too,
+naming the code's root in PERFKIT_CODE_ROOT (another checkout's, when `perfkit bisect` measures a
+commit in a worktree), which wins over the folder the notebook is in.
 Registered once per environment (`perfkit kernel`, or `perfkit init`), it serves every project.
 """
 
@@ -17,6 +19,7 @@ from pathlib import Path
 
 NAME = "perfkit"
 OUTPUT_CAP_ENV = "PERFKIT_OUTPUT_CAP"  # characters of stdout and stderr the kernel forwards
+CODE_ROOT_ENV = "PERFKIT_CODE_ROOT"  # set by `perfkit run`: where the code under test is (a bisect's worktree)
 
 
 def project_root(start: Path) -> Path | None:
@@ -27,14 +30,21 @@ def project_root(start: Path) -> Path | None:
     return None
 
 
+def import_paths(root: Path) -> list[Path]:
+    """What goes first on a probe's import path: the code's root, and its src/ folder in a src layout.
+
+    Ahead of site-packages, so a probe imports the code measured, not an editable install of
+    another checkout of it (a worktree `perfkit bisect` measures is such a second checkout)."""
+    src = root / "src"
+    return [root, src] if src.is_dir() and not (src / "__init__.py").exists() else [root]
+
+
 def on_path(root: Path) -> None:
-    """Put the project's root first on this process's import path and on its children's PYTHONPATH."""
-    text = str(root)
-    if text not in sys.path:
-        sys.path.insert(0, text)
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if text not in parts:
-        os.environ["PYTHONPATH"] = os.pathsep.join([text, *parts])
+    """Put the code's root (and src/) first on this process's import path and on its children's PYTHONPATH."""
+    texts = [str(p) for p in import_paths(root)]
+    sys.path[:] = texts + [p for p in sys.path if p not in texts]
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in texts]
+    os.environ["PYTHONPATH"] = os.pathsep.join([*texts, *parts])
 
 
 def spec() -> dict:
@@ -97,7 +107,7 @@ def cap_streams(cap: int) -> None:
 
 
 def _launch() -> None:
-    root = os.environ.get("PERFKIT_ROOT")
+    root = os.environ.get(CODE_ROOT_ENV) or os.environ.get("PERFKIT_ROOT")
     found = Path(root) if root else project_root(Path.cwd().resolve())
     if found is not None:
         on_path(found)

@@ -29,7 +29,7 @@ PHASE_COLORS = ("#9ecae1", "#a1d99b", "#fdae6b", "#bcbddc", "#fdd0a2", "#c7e9c0"
 CLAIMED = "#1565c0"  # the claim: expected value, bound, claimed phase
 
 
-def _figure(width: float = 6.4, height: float = 3.6):
+def figure(width: float = 6.4, height: float = 3.6):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -71,7 +71,7 @@ LEDGER_DPI = 100
 
 def render(title: str, j: Judgement, points: list[Point], draw: Draw, *, dpi: int = DPI) -> bytes:
     """The verdict's plot as PNG bytes: the title and the verdict's line, then `draw` (the kind's plot)."""
-    fig = _figure()
+    fig = figure()
     _title(fig, title, j)
     if j.measured is None or not j.used:
         _text_plot(fig, j)

@@ -106,7 +106,7 @@ def _start(
     ctx.run_dir.write_manifest(manifest)
     for killed in rundir.mark_killed_runs(project, by=ctx.run_dir.run_id):
         say(f"run {killed} was killed while running (its process is gone): its manifest now says so")
-    manifest["environment"] = snapshot.snapshot(root=project.root)
+    manifest["environment"] = snapshot.snapshot(root=project.code_root)
     return ctx, manifest
 
 

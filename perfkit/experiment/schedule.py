@@ -100,7 +100,7 @@ def _on_slot(
         exec_dir=exec_dir,
         run_id=ctx.run_dir.run_id,
         cwd=ctx.project.notebooks_dir,
-        code_root=ctx.project.root,
+        code_root=ctx.project.code_root,
         kernel_dir=kernel_dir,
         timeout_s=ctx.options.timeout_s,
         env={**env, **(profiled.env or {})},

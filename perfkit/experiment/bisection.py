@@ -1,0 +1,208 @@
+"""`perfkit bisect`: each commit between a good and a bad one measured in a worktree of its own.
+
+The hypothesis record and its probe come from the project as it is (a new hypothesis can be
+bisected over old commits), or from each commit (`--probe-from commit`); the code under test
+always comes from the commit, checked out under runs/bisect/<stamp>/worktrees/ and removed when
+the bisect ends (perfkit.experiment.worktrees). Every commit is an ordinary run with the ledger
+left alone: its evidence stays under runs/, and its execution key holds the commit's code, so a
+second bisect, or one that was interrupted, reuses what was measured. The search itself is
+perfkit.experiment.bisect; what this module adds is the I/O around it and the bisect's record,
+runs/bisect/<stamp>/bisect.json, and its plot.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from perfkit.errors import UserError
+from perfkit.experiment import bisect, runner, worktrees
+from perfkit.experiment.hypothesis import load_hypotheses
+from perfkit.experiment.options import RunOptions
+from perfkit.experiment.results import load_all_results
+from perfkit.files import write_json
+from perfkit.paths import Project
+
+BISECT_VERSION = 1  # runs/bisect/<stamp>/bisect.json
+DEFAULT_REPLICATES = 3
+MORE = 4  # --max-replicates by default: this many times the first count
+
+
+@dataclass(frozen=True)
+class BisectOptions:
+    id: str
+    good: str | None = None
+    bad: str = "HEAD"
+    replicates: int = DEFAULT_REPLICATES
+    max_replicates: int | None = None
+    quick: bool = False
+    jobs: int = 1
+    cluster: str | None = None
+    probe_from: str = "tree"  # "tree": the record and probe as they are now; "commit": each commit's own
+
+    @property
+    def most(self) -> int:
+        return max(self.replicates, self.max_replicates or self.replicates * MORE)
+
+
+@dataclass(frozen=True)
+class Bisected:
+    """A finished (or interrupted) bisect: the commits, what each measured, and where it changed."""
+
+    options: BisectOptions
+    commits: list[worktrees.Commit]
+    outcome: bisect.Outcome
+    folder: Path
+    good_from: str  # how the good end was chosen
+
+    def exit_code(self) -> int:
+        """0: every change named to one commit; 1: no change between the ends; 3: undecided or unmeasured."""
+        return {"found": 0, "no change": 1}.get(self.outcome.verdict, 3)
+
+    def to_json(self) -> dict[str, Any]:
+        points = self.outcome.points
+        return {
+            "hypothesis": self.options.id,
+            "good": self.commits[0].sha,
+            "bad": self.commits[-1].sha,
+            "good_from": self.good_from,
+            "probe_from": self.options.probe_from,
+            "verdict": self.outcome.verdict,
+            "words": self.outcome.words,
+            "commits": [
+                {
+                    "sha": c.sha,
+                    "subject": c.subject,
+                    **(_point_json(points[i]) if i in points else {"measured": None}),
+                }
+                for i, c in enumerate(self.commits)
+            ],
+            "changes": [
+                {
+                    "before": self.commits[c.before].sha,
+                    "after": self.commits[c.after].sha,
+                    "moved": c.moved,
+                    "decided": c.decided,
+                }
+                for c in self.outcome.changes
+            ],
+        }
+
+
+def _point_json(p: bisect.Point) -> dict[str, Any]:
+    r = p.result
+    m = r.measured if r is not None else None
+    return {
+        "replicates": p.replicates,
+        "run_id": p.run_id,
+        "verdict": r.verdict if r is not None else None,
+        "reason": r.reason if r is not None else None,
+        "skipped": p.skipped,
+        "measured": None
+        if m is None
+        else {"label": m.label, "unit": m.unit, "value": m.value, "low": m.low, "high": m.high},
+    }
+
+
+def default_good(project: Project, hid: str) -> tuple[str, str]:
+    """(commit, how it was chosen): the commit of the newest committed run in which the claim held."""
+    for run in reversed(load_all_results(project)):
+        for h in run.hypotheses:
+            if h.id == hid and h.verdict == "confirmed" and run.git_commit:
+                dirty = " (its work tree had changes)" if run.git_dirty else ""
+                return run.git_commit, f"the ledger's run {run.run_id}, where {hid} was confirmed{dirty}"
+    raise UserError(f"the ledger has no run in which {hid} was confirmed at a known commit: give --good REV")
+
+
+def _stamp(project: Project) -> Path:
+    base = project.runs_dir / "bisect"
+    base.mkdir(parents=True, exist_ok=True)
+    now = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    for n in range(1, 1000):
+        folder = base / (now if n == 1 else f"{now}-{n}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise UserError(f"cannot find a free folder under {project.relative(base)}")
+
+
+class Measurer:
+    """measure(index, replicates) for the search: one perfkit run of the hypothesis at that commit."""
+
+    def __init__(self, project: Project, options: BisectOptions, commits, trees, say: Callable[[str], None]):
+        self.project, self.options, self.commits, self.trees, self.say = project, options, commits, trees, say
+        self.prefix = project.root.resolve().relative_to(worktrees.top_of(project).resolve())
+
+    def project_at(self, commit: worktrees.Commit) -> Project:
+        checked_out = self.trees.at(commit) / self.prefix
+        if self.options.probe_from == "commit":
+            return Project(checked_out, runs=self.project.runs_dir)
+        return Project(self.project.root, code=checked_out)
+
+    def __call__(self, index: int, replicates: int) -> bisect.Point:
+        commit = self.commits[index]
+        self.say(
+            f"bisect: {commit.short} {commit.subject[:60]} ({index + 1} of {len(self.commits)}), "
+            f"{replicates} replicates"
+        )
+        o = self.options
+        run_options = RunOptions(
+            ids=(o.id,),
+            quick=o.quick,
+            replicates=replicates,
+            max_replicates=replicates,  # the search, not the run, decides when more would tell commits apart
+            jobs=o.jobs,
+            cluster=o.cluster,
+            ledger=False,
+            command=f"perfkit bisect {shlex.quote(o.id)} (at {commit.short})",
+        )
+        try:
+            report = runner.run(self.project_at(commit), run_options, out=lambda line: self.say(f"  {line}"))
+        except UserError as exc:
+            return bisect.Point(replicates, None, f"cannot be measured here: {exc}")
+        (result,) = report.results.hypotheses
+        found = bisect.point(replicates, result, report.run_id)
+        shown = found.skipped or f"{result.verdict}, {result.measured.text()}"
+        self.say(f"bisect: {commit.short}: {shown}")
+        return found
+
+
+def run(project: Project, options: BisectOptions, *, say: Callable[[str], None] = print) -> Bisected:
+    """Bisect between options.good and options.bad; a KeyboardInterrupt leaves every measurement under runs/."""
+    if options.probe_from not in ("tree", "commit"):
+        raise UserError(f"--probe-from takes tree or commit, not {options.probe_from!r}")
+    if options.replicates < 2:
+        raise UserError("--replicates must be at least 2: commits are told apart by between-process intervals")
+    if options.probe_from == "tree":
+        load_hypotheses(project, [options.id])  # a missing or malformed record stops here, before any checkout
+    top = worktrees.top_of(project)
+    good_from = "--good"
+    good = options.good
+    if good is None:
+        good, good_from = default_good(project, options.id)
+    commits = worktrees.between(top, worktrees.resolve(top, good), worktrees.resolve(top, options.bad))
+    folder = _stamp(project)
+    say(
+        f"bisect {options.id}: {len(commits)} commits from {commits[0].short} (good: {good_from}) "
+        f"to {commits[-1].short}; {options.replicates} to {options.most} replicates a commit; under "
+        f"{project.relative(folder)}"
+    )
+    outcome = bisect.Outcome()
+    with worktrees.Worktrees(top, folder / "worktrees") as trees:
+        measure = Measurer(project, options, commits, trees, say)
+        search = bisect.Search(len(commits), measure, first=options.replicates, most=options.most)
+        outcome = search.out
+        try:
+            search.run()
+        finally:  # interrupted too: what was measured is said and kept
+            if outcome.verdict == "running":
+                outcome.verdict, outcome.words = "interrupted", "interrupted: run the same bisect again to go on"
+            found = Bisected(options, commits, outcome, folder, good_from)
+            write_json(folder / "bisect.json", found.to_json(), version=BISECT_VERSION)
+    return found

@@ -1,0 +1,91 @@
+"""Other commits of the user's repository, checked out beside it: what `perfkit bisect` measures.
+
+Each commit is a detached git worktree under runs/bisect-<stamp>/, removed (with git's record of
+it) when the bisect ends, however it ends. The user's HEAD, index and work tree are never touched:
+`git worktree add` writes only the new folder and an entry under .git/worktrees/.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from perfkit.errors import UserError
+from perfkit.paths import Project, git, git_try
+
+
+@dataclass(frozen=True)
+class Commit:
+    sha: str
+    subject: str
+
+    @property
+    def short(self) -> str:
+        return self.sha[:10]
+
+
+def top_of(project: Project) -> Path:
+    """The top of the git repository holding the project; a UserError outside one."""
+    done = git_try(project.root, "rev-parse", "--show-toplevel")
+    if done is None or done.returncode != 0 or not done.stdout.strip():
+        raise UserError(f"{project.root} is not in a git repository: perfkit bisect measures its commits")
+    return Path(done.stdout.strip())
+
+
+def resolve(top: Path, revision: str) -> Commit:
+    """The commit a revision names (a sha, a branch, HEAD~3, a tag); a UserError naming it otherwise."""
+    if not revision or revision.startswith("-"):
+        raise UserError(f"{revision!r} is not a revision")
+    done = git_try(top, "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}")
+    if done is None or done.returncode != 0:
+        raise UserError(f"{revision!r} names no commit in {top}")
+    sha = done.stdout.strip()
+    return Commit(sha, git(top, "log", "-1", "--format=%s", sha).strip())
+
+
+def between(top: Path, good: Commit, bad: Commit) -> list[Commit]:
+    """good, then every commit after it up to bad on bad's first-parent line, oldest first."""
+    if good.sha == bad.sha:
+        raise UserError(f"--good and --bad are the same commit ({good.short})")
+    ancestor = git_try(top, "merge-base", "--is-ancestor", good.sha, bad.sha)
+    if ancestor is None or ancestor.returncode != 0:
+        raise UserError(f"--good {good.short} is not an ancestor of --bad {bad.short}: nothing lies between them")
+    lines = git(top, "log", "--first-parent", "--reverse", "--format=%H %s", f"{good.sha}..{bad.sha}").splitlines()
+    if not lines or not any(line.startswith(bad.sha) for line in lines):
+        raise UserError(f"{bad.short} is not on a first-parent line from {good.short}")
+    return [good] + [Commit(*line.split(" ", 1)) if " " in line else Commit(line, "") for line in lines]
+
+
+class Worktrees:
+    """Detached worktrees of commits under `folder`, made on first use and all removed on exit."""
+
+    def __init__(self, top: Path, folder: Path):
+        self.top = top
+        self.folder = folder
+        self.made: dict[str, Path] = {}
+
+    def __enter__(self) -> Worktrees:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+    def at(self, commit: Commit) -> Path:
+        """The top of a worktree holding `commit`, made now if it is not yet."""
+        if commit.sha not in self.made:
+            path = self.folder / commit.short
+            self.folder.mkdir(parents=True, exist_ok=True)
+            git(self.top, "worktree", "add", "--detach", "--quiet", str(path), commit.sha)
+            self.made[commit.sha] = path
+        return self.made[commit.sha]
+
+    def remove(self) -> None:
+        """Remove every worktree made and git's record of it; what cannot be removed is deleted."""
+        for path in self.made.values():
+            git_try(self.top, "worktree", "remove", "--force", "--force", str(path))
+            shutil.rmtree(path, ignore_errors=True)
+        self.made.clear()
+        git_try(self.top, "worktree", "prune")
+        if self.folder.is_dir() and not any(self.folder.iterdir()):
+            self.folder.rmdir()

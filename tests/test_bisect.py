@@ -1,0 +1,151 @@
+"""The bisection's search against known truth, by simulation: which commit changed the cost is known.
+
+Each commit's replicates are whole simulated processes: an offset per process (5%), autocorrelated
+samples with heavy tails inside one, so an interval that ignored the processes would be too narrow.
+Intervals come from perfkit.stats (the one path every verdict's interval takes).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from perfkit import stats
+from perfkit.experiment import bisect
+from perfkit.experiment.results import HypothesisResult
+from perfkit.experiment.verdict import Measured
+
+SEEDS = range(40)
+
+
+def process(rng: random.Random, mean: float, noise: float, n: int = 20) -> list[float]:
+    """One process's samples: its own offset, AR(1) drift and heavy-tailed (t, 3 df) noise."""
+    offset = 1 + rng.gauss(0, 0.05)
+    out, drift = [], 0.0
+    for _ in range(n):
+        drift = 0.6 * drift + rng.gauss(0, noise)
+        tail = rng.gauss(0, 1) / max(0.2, (sum(rng.gauss(0, 1) ** 2 for _ in range(3)) / 3) ** 0.5)
+        out.append(mean * offset * (1 + drift + noise * 0.5 * tail))
+    return out
+
+
+def result(replicates: list[list[float]], bound: float = 8.0) -> HypothesisResult:
+    est = stats.mean_estimate(replicates)
+    verdict = "confirmed" if est.high < bound else "refuted" if est.low > bound else "inconclusive"
+    measured = Measured("mean", "ms", est.value, est.low, est.high, replicates=len(replicates))
+    return HypothesisResult("h", "x", "under 8 ms", "at_most", "< 8 ms", verdict, None, measured, None)
+
+
+class Commits:
+    """Simulated commits: their true mean and noise; `fails` are commits whose probe errors."""
+
+    def __init__(self, means, *, noise=None, fails=(), seed=0):
+        self.means, self.noise, self.fails = means, noise or {}, set(fails)
+        self.rng = random.Random(seed)
+        self.processes: dict[int, list[list[float]]] = {}
+        self.calls: list[tuple[int, int]] = []
+
+    def __call__(self, index: int, replicates: int) -> bisect.Point:
+        self.calls.append((index, replicates))
+        if index in self.fails:
+            return bisect.Point(replicates, None, "error: the probe failed at this commit")
+        have = self.processes.setdefault(index, [])
+        while len(have) < replicates:  # the cache keeps earlier replicates: only the new ones are measured
+            have.append(process(self.rng, self.means[index], self.noise.get(index, 0.03)))
+        return bisect.point(replicates, result(have[:replicates]))
+
+
+def slow_from(count: int, at: int, factor: float = 3.0, base: float = 4.0) -> list[float]:
+    return [base * (factor if i >= at else 1.0) for i in range(count)]
+
+
+def culprits(outcome: bisect.Outcome) -> list[int]:
+    return [c.after for c in outcome.changes if c.decided]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_commit_that_made_it_3x_slower_is_named(seed):
+    commits = Commits(slow_from(12, 7), seed=seed)
+    outcome = bisect.search(12, commits, first=3, most=12)
+    assert outcome.verdict == "found" and culprits(outcome) == [7]
+    (change,) = outcome.changes
+    assert change.before == 6 and change.moved.endswith("higher")
+    assert len({i for i, _ in commits.calls}) <= 6  # a bisection, not every commit: 2 ends and about log2(10)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_noisy_commit_that_does_not_change_the_cost_is_not_blamed(seed):
+    noise = {i: 0.25 for i in range(3, 7)}  # commits 3 to 6: 8x the noise, the same mean
+    commits = Commits(slow_from(12, 7), noise=noise, seed=seed)
+    outcome = bisect.search(12, commits, first=3, most=12)
+    assert not any(c.after in noise for c in outcome.changes)
+    assert culprits(outcome) in ([7], [])  # named right, or honestly left undecided
+    if not culprits(outcome):
+        assert outcome.verdict == "undecided"
+
+
+def test_a_commit_whose_probe_fails_is_skipped_and_a_neighbour_measured_instead():
+    commits = Commits(slow_from(12, 7), fails={5}, seed=1)
+    outcome = bisect.search(12, commits, first=3, most=12)
+    assert outcome.verdict == "found" and culprits(outcome) == [7]
+    assert outcome.points[5].skipped == "error: the probe failed at this commit"
+    assert 6 in outcome.points and outcome.points[6].usable  # the middle's neighbour, measured instead
+
+
+def test_commits_that_cannot_be_measured_next_to_the_change_leave_it_undecided_between_the_two_measured():
+    outcome = bisect.search(12, Commits(slow_from(12, 7), fails={5, 6}, seed=1), first=3, most=12)
+    assert outcome.verdict == "undecided" and culprits(outcome) == []
+    (change,) = outcome.changes  # the change is 5, 6 or 7: no commit is named
+    assert (change.before, change.after) == (4, 7)
+    assert (
+        change.moved.startswith("the commits between could not be measured (#5: error") and "#6: error" in change.moved
+    )
+
+
+def test_when_the_culprit_itself_cannot_be_measured_the_answer_is_undecided_between_its_neighbours():
+    commits = Commits(slow_from(12, 7), fails={7}, seed=2)
+    outcome = bisect.search(12, commits, first=3, most=12)
+    assert outcome.verdict == "undecided" and culprits(outcome) == []
+    (change,) = outcome.changes
+    assert (change.before, change.after) == (6, 8) and "#7: error: the probe failed" in change.moved
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_two_culprits_in_one_range_are_both_found(seed):
+    means = [4.0 * (2.0 if i >= 3 else 1.0) * (2.0 if i >= 9 else 1.0) for i in range(13)]
+    outcome = bisect.search(13, Commits(means, seed=seed), first=3, most=12)
+    assert outcome.verdict == "found" and culprits(outcome) == [3, 9]
+
+
+def test_no_change_between_the_ends_is_said_and_rarely_a_false_culprit():
+    wrong = 0
+    for seed in range(100):
+        outcome = bisect.search(12, Commits([4.0] * 12, seed=seed), first=3, most=12)
+        if outcome.verdict != "no change":
+            wrong += 1
+        else:
+            assert outcome.words.startswith("no change found: the two ends cannot be told apart with 12 replicates")
+    assert wrong <= 5  # ~2% expected: three looks at two non-overlapping 95% intervals
+
+
+def test_a_change_smaller_than_the_noise_never_names_a_wrong_commit():
+    for seed in range(40):
+        outcome = bisect.search(12, Commits(slow_from(12, 7, factor=1.04), seed=seed), first=3, most=6)
+        assert set(culprits(outcome)) <= {7}, outcome.changes
+
+
+def test_an_end_that_cannot_be_measured_is_said_not_searched():
+    outcome = bisect.search(12, Commits(slow_from(12, 7), fails={0}), first=3, most=12)
+    assert outcome.verdict == "unmeasured" and outcome.words.startswith("the good end could not be measured")
+
+
+def test_more_replicates_are_asked_for_only_while_two_commits_cannot_be_told_apart():
+    commits = Commits(slow_from(12, 7), seed=3)
+    bisect.search(12, commits, first=3, most=12)
+    # a 3x change needs no more than the first three, but where it is named: twice that, to confirm it
+    assert {(i, r) for i, r in commits.calls if r > 3} == {(6, 6), (7, 6)}
+    close = Commits(slow_from(12, 7, factor=1.15), seed=3)
+    bisect.search(12, close, first=3, most=12)
+    assert max(r for _, r in close.calls) > 3  # a 15% change does, and only up to the most
+    assert max(r for _, r in close.calls) <= 12
