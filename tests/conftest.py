@@ -1,5 +1,10 @@
 """Shared fixtures."""
 
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
 import pytest
 
 
@@ -12,3 +17,25 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory) -> dict[str, str]:
+    """A fresh virtual environment with perfkit pip-installed (not editable): the environment to run it in.
+
+    Its dependencies come from this checkout's .venv through a .pth file: nothing is downloaded."""
+    from test_own_repository import ROOT, sh
+
+    venv = tmp_path_factory.mktemp("venv") / "v"
+    sh(ROOT, sys._base_executable, "-m", "venv", "--without-pip", str(venv))
+    python = venv / "bin" / "python"
+    purelib = Path(
+        sh(ROOT, str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+    )
+    (purelib / "perfkit-test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    sh(ROOT, str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(ROOT))
+    where = sh(venv, str(python), "-c", "import perfkit; print(perfkit.__file__)").stdout.strip()
+    assert Path(where).is_relative_to(venv), where  # the installed copy, not this checkout
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PERFKIT_", "VIRTUAL_ENV", "PYTHONPATH"))}
+    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", MPLBACKEND="Agg")
+    return env | {"_purelib": str(purelib)}

@@ -149,3 +149,24 @@ def test_more_replicates_are_asked_for_only_while_two_commits_cannot_be_told_apa
     bisect.search(12, close, first=3, most=12)
     assert max(r for _, r in close.calls) > 3  # a 15% change does, and only up to the most
     assert max(r for _, r in close.calls) <= 12
+
+
+def test_the_good_end_by_default_is_the_newest_committed_run_that_confirmed_the_claim(tmp_path):
+    from records import result as stored_result
+    from records import store
+
+    from perfkit.errors import UserError
+    from perfkit.experiment.bisection import default_good
+    from perfkit.paths import Project
+
+    project = Project(tmp_path)
+    (tmp_path / "hypotheses").mkdir()
+    with pytest.raises(UserError, match="give --good REV"):
+        default_good(project, "h")
+    store(project, "20260101-000000", stored_result("h", "confirmed"), git_commit="a" * 40, git_dirty=False)
+    store(project, "20260102-000000", stored_result("h", "confirmed"), git_commit="b" * 40, git_dirty=True)
+    store(project, "20260103-000000", stored_result("h", "refuted"), git_commit="c" * 40, git_dirty=False)
+    store(project, "20260104-000000", stored_result("h", "confirmed"), git_commit=None)  # outside git
+    commit, how = default_good(project, "h")
+    assert commit == "b" * 40  # the newest that held at a known commit; the refuted one after it is the bad side
+    assert how == "the ledger's run 20260102-000000, where h was confirmed (its work tree had changes)"

@@ -10,12 +10,9 @@ say what changed and how far it moved, and never call it "not reproduced".
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import nbformat
@@ -43,24 +40,6 @@ def sh(cwd: Path, *argv: str, env: dict | None = None, check: bool = True) -> su
     if check and done.returncode != 0:
         raise AssertionError(f"{argv} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
     return done
-
-
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> dict[str, str]:
-    """A fresh virtual environment with perfkit pip-installed (not editable): the environment to run it in."""
-    venv = tmp_path_factory.mktemp("venv") / "v"
-    sh(ROOT, sys._base_executable, "-m", "venv", "--without-pip", str(venv))
-    python = venv / "bin" / "python"
-    purelib = Path(
-        sh(ROOT, str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
-    )
-    (purelib / "perfkit-test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    sh(ROOT, str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(ROOT))
-    where = sh(venv, str(python), "-c", "import perfkit; print(perfkit.__file__)").stdout.strip()
-    assert Path(where).is_relative_to(venv), where  # the installed copy, not this checkout
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PERFKIT_", "VIRTUAL_ENV", "PYTHONPATH"))}
-    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", MPLBACKEND="Agg")
-    return env | {"_purelib": str(purelib)}
 
 
 def own_repository(path: Path, delay_s: float) -> Path:

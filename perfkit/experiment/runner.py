@@ -241,7 +241,9 @@ def _report(ctx: RunContext, items: list[Judged], written: Written, wall: float)
         f"run {run_dir.run_id} finished in {wall:.1f} s: {executed} executed, {len(ctx.done) - executed} reused; "
         + ", ".join(f"{n} {v.value}" for v, n in counts.items() if n)
     )
-    if written.path is None:
+    if not ctx.options.ledger:  # perfkit check and perfkit bisect: evidence only
+        ctx.say(f"the ledger is left as it was (this run only answers); evidence: {project.relative(run_dir.path)}/")
+    elif written.path is None:
         ctx.say(
             "nothing new was measured (every execution reused, every verdict as stored): results and ledger "
             f"unchanged; evidence: {project.relative(run_dir.path)}/"

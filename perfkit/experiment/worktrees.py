@@ -76,8 +76,13 @@ class Worktrees:
         if commit.sha not in self.made:
             path = self.folder / commit.short
             self.folder.mkdir(parents=True, exist_ok=True)
-            git(self.top, "worktree", "add", "--detach", "--quiet", str(path), commit.sha)
-            self.made[commit.sha] = path
+            self.made[commit.sha] = path  # before git makes it: an interrupt mid-way leaves nothing behind either
+            try:
+                git(self.top, "worktree", "add", "--detach", "--quiet", str(path), commit.sha)
+            except UserError:
+                self.made.pop(commit.sha)
+                shutil.rmtree(path, ignore_errors=True)
+                raise
         return self.made[commit.sha]
 
     def remove(self) -> None:

@@ -1,0 +1,141 @@
+"""`perfkit bisect` in a user's repository, from a fresh clone, with perfkit pip-installed (not this checkout).
+
+Known truth: twelve commits; the 8th makes ownlib.work() 3x slower (4 ms -> 12 ms); the 6th breaks
+the import (its probe fails) and the 7th mends it; every other commit only adds a comment. The
+bisect must name the 8th, skip the 6th with its reason, exit 0, and leave HEAD, the index and the
+work tree as they were. Interrupted, it keeps what it measured; run again, it reuses it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_own_repository import add_probe, own_repository, perfkit, sh
+
+HID = "ownlib-work-under-8ms"
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory, installed) -> tuple[Path, list[str]]:
+    """A fresh clone of a twelve-commit repository, and its commits' shas, oldest first."""
+    origin = own_repository(tmp_path_factory.mktemp("origin") / "ownproject", delay_s=0.004)
+    perfkit(origin, installed, "init")
+    add_probe(origin)
+    sh(origin, "git", "add", "-A")
+    sh(origin, "git", "commit", "-q", "--amend", "-m", "ownlib, and a probe of it")
+    source = origin / "ownlib" / "__init__.py"
+    for n in range(2, 13):
+        text = source.read_text()
+        if n == 6:
+            text = "raise ImportError('broken on purpose')\n" + text
+        elif n == 7:
+            text = text.replace("raise ImportError('broken on purpose')\n", "")
+        elif n == 8:
+            text = text.replace("sleep(0.004)", "sleep(0.012)")
+        source.write_text(text + f"# comment {n}\n")
+        sh(origin, "git", "commit", "-q", "-am", f"commit {n}")
+    shas = sh(origin, "git", "log", "--reverse", "--format=%H").stdout.split()
+    assert len(shas) == 12
+    clone = tmp_path_factory.mktemp("clone") / "ownproject"
+    sh(origin.parent, "git", "clone", "-q", str(origin), str(clone))
+    return clone, shas
+
+
+def state(repo: Path) -> tuple[str, str, str, str]:
+    return (
+        sh(repo, "git", "rev-parse", "HEAD").stdout,
+        sh(repo, "git", "status", "--porcelain", "--untracked-files=all", "--ignored=no").stdout,
+        sh(repo, "git", "worktree", "list", "--porcelain").stdout,
+        sh(repo, "git", "diff", "--cached", "--stat").stdout,
+    )
+
+
+def busy(done) -> bool:
+    return "the machine was not fit" in done.stdout + done.stderr
+
+
+def test_an_interrupted_bisect_keeps_its_measurements_and_removes_its_worktrees(history, installed):
+    repo, shas = history
+    before = state(repo)
+    env = {k: v for k, v in installed.items() if not k.startswith("_")}
+    proc = subprocess.Popen(
+        ["perfkit", "bisect", HID, "--good", shas[0]], cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    for line in proc.stderr:  # the two ends measured, the middle started: interrupt it there
+        if b"(6 of 12)" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert state(repo) == before  # no worktree left, HEAD, index and work tree as they were
+    (record,) = (repo / "runs" / "bisect").glob("*/bisect.json")
+    kept = json.loads(record.read_text())
+    assert kept["verdict"] == "interrupted"
+    assert [c["replicates"] for c in kept["commits"] if c["measured"]] == [3, 3]  # the two ends
+    assert not (record.parent / "worktrees").exists()
+
+
+def test_bisect_names_the_8th_of_12_commits_skips_the_broken_one_and_leaves_the_repository_alone(history, installed):
+    repo, shas = history
+    before = state(repo)
+    done = perfkit(repo, installed, "bisect", HID, "--good", shas[0], "--json", check=False)
+    if done.returncode != 0 and busy(done):
+        pytest.skip("the machine was busy while a commit was measured")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    assert found["verdict"] == "found"
+    (change,) = found["changes"]
+    assert (change["before"], change["after"]) == (shas[6], shas[7])  # the 8th commit, after the 7th
+    assert change["decided"] and change["moved"].endswith("x higher")
+    commits = {c["sha"]: c for c in found["commits"]}
+    assert commits[shas[5]]["skipped"].startswith("error: ") and "broken on purpose" in commits[shas[5]]["skipped"]
+    assert commits[shas[7]]["verdict"] == "refuted" and commits[shas[6]]["verdict"] == "confirmed"
+    assert "[execute]" in done.stderr and "reused" in done.stderr  # the ends, measured before the interrupt
+    assert state(repo) == before
+    assert (repo / found["folder"] / "bisect.png").stat().st_size > 10_000
+
+
+def test_a_second_bisect_reuses_every_measurement_and_writes_markdown_for_a_pull_request(history, installed):
+    repo, shas = history
+    done = perfkit(repo, installed, "bisect", HID, "--good", shas[0], "--md", check=False)
+    if done.returncode != 0 and busy(done):
+        pytest.skip("the machine was busy while a commit was measured")
+    assert done.returncode == 0, done.stderr[-3000:]
+    ran = [line for line in done.stderr.splitlines() if " finished in " in line]
+    assert len(ran) >= 6 and all(" 0 executed" in line for line in ran if "1 error" not in line)  # all reused
+    assert sum("1 error" in line for line in ran) == 1  # but the broken commit: a failure is tried again
+    assert "the ledger is left as it was" in done.stderr and "nothing new was measured" not in done.stderr
+    md = done.stdout
+    assert md.startswith(f"### perfkit bisect `{HID}`: found where it changed")
+    assert f"- {shas[7][:10]} 'commit 8' (after {shas[6][:10]}): " in md
+    assert "| commit | subject | verdict | measured [interval] | replicates |" in md
+    assert f"| `{shas[5][:10]}` | commit 6 | skipped | error: " in md
+
+
+def test_bisect_refuses_what_it_cannot_bisect_before_measuring(history, installed):
+    repo, shas = history
+    said = perfkit(repo, installed, "bisect", HID, "--good", shas[5], "--bad", shas[2], check=False)
+    assert said.returncode == 2 and "is not an ancestor of --bad" in said.stderr
+    said = perfkit(repo, installed, "bisect", "no-such-hypothesis", "--good", shas[0], check=False)
+    assert said.returncode == 2 and "no-such-hypothesis" in said.stderr
+    said = perfkit(repo, installed, "bisect", HID, "--good", "nonsense~3", check=False)
+    assert said.returncode == 2 and "'nonsense~3' names no commit" in said.stderr
+    said = perfkit(repo, installed, "bisect", HID, check=False)  # the ledger never confirmed it here
+    assert said.returncode == 2 and "give --good REV" in said.stderr
+
+
+def test_probe_from_commit_reads_each_commits_own_record_and_probe(history, installed):
+    repo, shas = history
+    done = perfkit(
+        repo, installed, "bisect", HID, "--good", shas[6], "--bad", shas[7], "--probe-from", "commit", check=False
+    )
+    if done.returncode != 0 and busy(done):
+        pytest.skip("the machine was busy while a commit was measured")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"culprit: {shas[7][:10]} 'commit 8' (after {shas[6][:10]}): " in done.stdout
+    ran = [line for line in done.stderr.splitlines() if " finished in " in line]
+    assert len(ran) >= 2 and all(" 0 executed" in line for line in ran)  # the same probe bytes: the same keys
