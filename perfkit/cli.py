@@ -117,9 +117,10 @@ def _review_commands(sub) -> None:
         "--max-replicates", type=int, default=None, help="the most per commit while two cannot be told apart (4x)"
     )
     bis.add_argument("--quick", action="store_true", help="use its probe's quick parameters")
-    where = bis.add_mutually_exclusive_group()
-    where.add_argument("--jobs", type=int, default=1, help="replicates of a commit run at once here")
-    where.add_argument("--cluster", default=None, help="measure on a Dask cluster (local:N or a scheduler address)")
+    bis.add_argument(
+        "--jobs", type=int, default=1, help="replicates of a commit at once here; with --cluster, commits at once"
+    )
+    bis.add_argument("--cluster", default=None, help="measure on a Dask cluster (local:N or a scheduler address)")
     bis.add_argument(
         "--probe-from",
         choices=["tree", "commit"],

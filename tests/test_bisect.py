@@ -170,3 +170,22 @@ def test_the_good_end_by_default_is_the_newest_committed_run_that_confirmed_the_
     commit, how = default_good(project, "h")
     assert commit == "b" * 40  # the newest that held at a known commit; the refuted one after it is the bad side
     assert how == "the ledger's run 20260102-000000, where h was confirmed (its work tree had changes)"
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_several_commits_at_once_find_the_same_culprits_in_fewer_rounds(seed):
+    means = [4.0 * (2.0 if i >= 5 else 1.0) * (2.0 if i >= 17 else 1.0) for i in range(24)]
+    one = Commits(means, seed=seed)
+    alone = bisect.search(24, one, first=3, most=12)
+    batches: list[list[tuple[int, int]]] = []
+    many = Commits(means, seed=seed)
+
+    def together(wanted):
+        batches.append(wanted)
+        return [many(i, r) for i, r in wanted]
+
+    grouped = bisect.search(24, many, first=3, most=12, at_once=3, many=together)
+    assert culprits(alone) == culprits(grouped) == [5, 17]
+    assert max(len(b) for b in batches) == 3  # three commits inside a segment at a time
+    rounds = len(batches) + sum(1 for i, r in many.calls) - sum(len(b) for b in batches)
+    assert rounds < len(one.calls)  # fewer waits for a measurement than one commit at a time

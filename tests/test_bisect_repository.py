@@ -139,3 +139,31 @@ def test_probe_from_commit_reads_each_commits_own_record_and_probe(history, inst
     assert f"culprit: {shas[7][:10]} 'commit 8' (after {shas[6][:10]}): " in done.stdout
     ran = [line for line in done.stderr.splitlines() if " finished in " in line]
     assert len(ran) >= 2 and all(" 0 executed" in line for line in ran)  # the same probe bytes: the same keys
+
+
+def test_on_a_cluster_several_commits_are_measured_at_once(history, installed):
+    repo, shas = history
+    done = perfkit(
+        repo,
+        installed,
+        "bisect",
+        HID,
+        "--good",
+        shas[6],
+        "--bad",
+        shas[10],
+        "--cluster",
+        "local:2",
+        "--jobs",
+        "2",
+        check=False,
+    )
+    if done.returncode != 0 and busy(done):
+        pytest.skip("the machine was busy while a commit was measured")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"culprit: {shas[7][:10]} 'commit 8' (after {shas[6][:10]}): " in done.stdout
+    said = [line for line in done.stderr.splitlines() if line.startswith("bisect: ")]
+    # the two commits inside the range are asked for together, before either has an answer
+    started = [i for i, line in enumerate(said) if line.endswith(", 3 replicates")]
+    assert "(2 of 5)" in said[started[2]] and "(3 of 5)" in said[started[3]] and started[3] == started[2] + 1
+    assert state(repo)[2].count("worktree ") == 1  # the cluster's runs left no worktree behind

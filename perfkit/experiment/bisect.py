@@ -96,49 +96,66 @@ def moved_words(a: Point, b: Point) -> str:
 
 
 class Search:
-    """The bisection: `run()` measures the ends, then splits segments whose ends differ."""
+    """The bisection: `run()` measures the ends, then splits segments whose ends differ.
 
-    def __init__(self, count: int, measure: Measure, *, first: int, most: int):
+    `at_once` commits are measured together (`measure_many`, on a cluster): the two ends, then up
+    to `at_once` commits spread evenly inside a segment, which is cut where neighbours differ.
+    """
+
+    def __init__(self, count: int, measure: Measure, *, first: int, most: int, at_once: int = 1, many=None):
         if count < 2:
             raise ValueError("a bisection needs two commits")
         self.count, self.measure, self.first, self.most = count, measure, first, max(first, most)
         self.confirm = min(self.most, 2 * first)  # replicates each side of a culprit has before it is named
+        self.at_once, self.many = max(1, at_once), many
         self.out = Outcome()
+
+    def ensure(self, wanted: dict[int, int]) -> None:
+        """Each commit measured with at least its wanted replicates; those missing measured together."""
+        todo = []
+        for index, replicates in wanted.items():
+            have = self.out.points.get(index)
+            if have is None or (have.usable and have.replicates < replicates):
+                todo.append((index, replicates))
+        if len(todo) > 1 and self.many is not None:
+            found = self.many(todo)
+        else:
+            found = [self.measure(i, r) for i, r in todo]
+        self.out.points.update({i: p for (i, _), p in zip(todo, found)})
 
     def at(self, index: int, replicates: int | None = None) -> Point:
         """Commit `index` measured with at least `replicates` (the first count by default)."""
-        wanted = replicates or self.first
-        have = self.out.points.get(index)
-        if have is None or (have.usable and have.replicates < wanted):
-            self.out.points[index] = self.measure(index, wanted)
+        self.ensure({index: replicates or self.first})
         return self.out.points[index]
 
     def grow(self, *indices: int) -> bool:
         """More replicates for each commit below the most (double, capped); False when none could grow."""
-        grew = False
+        wanted = {}
         for i in indices:
             have = self.out.points[i]
             if have.usable and have.replicates < self.most:
-                self.at(i, min(self.most, have.replicates * 2))
-                grew = True
-        return grew
+                wanted[i] = min(self.most, have.replicates * 2)
+        self.ensure(wanted)
+        return bool(wanted)
 
     def run(self) -> Outcome:
-        old, new = self.at(0), self.at(self.count - 1)
+        last = self.count - 1
+        self.ensure({0: self.first, last: self.first})
+        old, new = self.at(0), self.at(last)
         if not (old.usable and new.usable):
             which = "good" if not old.usable else "bad"
             self.out.verdict = "unmeasured"
             self.out.words = f"the {which} end could not be measured: {(old if not old.usable else new).skipped}"
             return self.out
-        while not differ(self.at(0), self.at(self.count - 1)):
-            if not self.grow(0, self.count - 1):
+        while not differ(self.at(0), self.at(last)):
+            if not self.grow(0, last):
                 self.out.verdict = "no change"
                 self.out.words = (
                     f"no change found: the two ends cannot be told apart with {self.most} replicates each "
-                    f"({self.at(0).result.measured.text()} and {self.at(self.count - 1).result.measured.text()})"
+                    f"({self.at(0).result.measured.text()} and {self.at(last).result.measured.text()})"
                 )
                 return self.out
-        segments = [(0, self.count - 1)]
+        segments = [(0, last)]
         while segments:
             segments = self.split(*segments.pop()) + segments
         self.out.changes.sort(key=lambda c: c.before)
@@ -159,28 +176,36 @@ class Search:
                     return []  # the difference that led here did not hold up: not a change after all
             self.out.changes.append(Change(a, b, moved_words(self.at(a), self.at(b)), True))
             return []
-        mid = self.pick(a, b)
-        if mid is None:  # every commit between could not be measured
+        inside = self.pick(a, b)
+        if not inside:  # every commit between could not be measured
             self.out.changes.append(Change(a, b, _skipped_words(self.out.points, a, b), False))
             return []
+        chain = [a, *inside, b]
         while True:
-            left, right = differ(self.at(a), self.at(mid)), differ(self.at(mid), self.at(b))
-            if left or right:
-                return ([(a, mid)] if left else []) + ([(mid, b)] if right else [])
-            if not self.grow(a, mid, b):
-                words = (
-                    f"{self.at(mid).result.measured.text()} cannot be told from either end with {self.most} replicates"
-                )
+            cut = [(x, y) for x, y in zip(chain, chain[1:]) if differ(self.at(x), self.at(y))]
+            if cut:
+                return cut
+            if not self.grow(*chain):
+                shown = ", ".join(self.at(i).result.measured.text() for i in inside)
+                words = f"{shown} cannot be told from either end with {self.most} replicates"
                 self.out.changes.append(Change(a, b, words, False))
                 return []
 
-    def pick(self, a: int, b: int) -> int | None:
-        """A measurable commit strictly between a and b, nearest the middle; None when there is none."""
+    def pick(self, a: int, b: int) -> list[int]:
+        """Up to `at_once` measurable commits strictly between a and b, spread evenly (one: nearest the
+        middle); a commit that cannot be measured gives way to its nearest neighbour. [] when none can."""
+        k = min(self.at_once, b - a - 1)
+        targets = sorted({a + (b - a) * j // (k + 1) if k > 1 else int((a + b) / 2) for j in range(1, k + 1)})
+        targets = [t for t in targets if a < t < b]
+        self.ensure({t: self.first for t in targets})
+        chosen = [t for t in targets if self.at(t).usable]
+        if chosen:
+            return chosen
         middle = (a + b) / 2
         for i in sorted(range(a + 1, b), key=lambda i: (abs(i - middle), i)):
             if self.at(i).usable:
-                return i
-        return None
+                return [i]
+        return []
 
 
 def _skipped_words(points: dict[int, Point], a: int, b: int) -> str:
@@ -199,6 +224,7 @@ def _summary(changes: list[Change]) -> str:
     return ", ".join(parts)
 
 
-def search(count: int, measure: Measure, *, first: int, most: int) -> Outcome:
-    """Bisect `count` commits (0: the good end, count - 1: the bad end) with `measure(index, replicates)`."""
-    return Search(count, measure, first=first, most=most).run()
+def search(count: int, measure: Measure, *, first: int, most: int, at_once: int = 1, many=None) -> Outcome:
+    """Bisect `count` commits (0: the good end, count - 1: the bad end) with `measure(index, replicates)`
+    (or `many([(index, replicates), ...])` for several at once)."""
+    return Search(count, measure, first=first, most=most, at_once=at_once, many=many).run()

@@ -13,6 +13,7 @@ runs/bisect/<stamp>/bisect.json, and its plot.
 from __future__ import annotations
 
 import shlex
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,8 +22,9 @@ from typing import Any
 
 from perfkit.errors import UserError
 from perfkit.experiment import bisect, runner, worktrees
-from perfkit.experiment.hypothesis import load_hypotheses
-from perfkit.experiment.options import RunOptions
+from perfkit.experiment import cluster as remote
+from perfkit.experiment.hypothesis import MAX_REPLICATES, load_hypotheses
+from perfkit.experiment.options import RunOptions, check_cluster
 from perfkit.experiment.results import load_all_results
 from perfkit.files import write_json
 from perfkit.paths import Project
@@ -47,6 +49,12 @@ class BisectOptions:
     @property
     def most(self) -> int:
         return max(self.replicates, self.max_replicates or self.replicates * MORE)
+
+    @property
+    def at_once(self) -> int:
+        """Commits measured at once: `--jobs` of them on a cluster; here one, its replicates `--jobs` at a time
+        (two commits measured side by side on one machine would each be the other's load)."""
+        return self.jobs if self.cluster else 1
 
 
 @dataclass(frozen=True)
@@ -138,6 +146,30 @@ class Measurer:
     def __init__(self, project: Project, options: BisectOptions, commits, trees, say: Callable[[str], None]):
         self.project, self.options, self.commits, self.trees, self.say = project, options, commits, trees, say
         self.prefix = project.root.resolve().relative_to(worktrees.top_of(project).resolve())
+        self.client: Any = None  # one cluster for every commit (--cluster)
+
+    def many(self, wanted: list[tuple[int, int]]) -> list[bisect.Point]:
+        """Several commits measured at once, each run in a thread of its own (on the cluster)."""
+        for index, _ in wanted:  # git makes the worktrees one at a time
+            self.trees.at(self.commits[index])
+        found: list[bisect.Point | None] = [None] * len(wanted)
+        failed: list[BaseException] = []
+
+        def one(k: int, index: int, replicates: int) -> None:
+            try:
+                found[k] = self(index, replicates)
+            except BaseException as exc:  # said in the calling thread
+                failed.append(exc)
+
+        threads = [threading.Thread(target=one, args=(k, *w), daemon=True) for k, w in enumerate(wanted)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():  # short waits: Ctrl-C reaches this thread at once
+                thread.join(0.5)
+        if failed:
+            raise failed[0]
+        return found
 
     def project_at(self, commit: worktrees.Commit) -> Project:
         checked_out = self.trees.at(commit) / self.prefix
@@ -163,7 +195,12 @@ class Measurer:
             command=f"perfkit bisect {shlex.quote(o.id)} (at {commit.short})",
         )
         try:
-            report = runner.run(self.project_at(commit), run_options, out=lambda line: self.say(f"  {line}"))
+            report = runner.run(
+                self.project_at(commit),
+                run_options,
+                out=lambda line: self.say(f"  {commit.short[:7]} {line}"),
+                client=self.client,
+            )
         except UserError as exc:
             return bisect.Point(replicates, None, f"cannot be measured here: {exc}")
         (result,) = report.results.hypotheses
@@ -173,12 +210,25 @@ class Measurer:
         return found
 
 
-def run(project: Project, options: BisectOptions, *, say: Callable[[str], None] = print) -> Bisected:
-    """Bisect between options.good and options.bad; a KeyboardInterrupt leaves every measurement under runs/."""
+def check(options: BisectOptions) -> None:
+    """Every option checked before anything is checked out or measured."""
     if options.probe_from not in ("tree", "commit"):
         raise UserError(f"--probe-from takes tree or commit, not {options.probe_from!r}")
-    if options.replicates < 2:
-        raise UserError("--replicates must be at least 2: commits are told apart by between-process intervals")
+    if not 2 <= options.replicates <= MAX_REPLICATES:
+        raise UserError(
+            f"--replicates must be from 2 to {MAX_REPLICATES}: commits are told apart by between-process intervals"
+        )
+    if options.max_replicates is not None and not options.replicates <= options.max_replicates <= MAX_REPLICATES:
+        raise UserError(f"--max-replicates must be from --replicates ({options.replicates}) to {MAX_REPLICATES}")
+    if options.jobs < 1:
+        raise UserError(f"--jobs must be at least 1, got {options.jobs}")
+    if options.cluster:
+        check_cluster(options.cluster)
+
+
+def run(project: Project, options: BisectOptions, *, say: Callable[[str], None] = print) -> Bisected:
+    """Bisect between options.good and options.bad; a KeyboardInterrupt leaves every measurement under runs/."""
+    check(options)
     if options.probe_from == "tree":
         load_hypotheses(project, [options.id])  # a missing or malformed record stops here, before any checkout
     top = worktrees.top_of(project)
@@ -196,11 +246,18 @@ def run(project: Project, options: BisectOptions, *, say: Callable[[str], None] 
     outcome = bisect.Outcome()
     with worktrees.Worktrees(top, folder / "worktrees") as trees:
         measure = Measurer(project, options, commits, trees, say)
-        search = bisect.Search(len(commits), measure, first=options.replicates, most=options.most)
+        many = measure.many if options.at_once > 1 else None
+        search = bisect.Search(
+            len(commits), measure, first=options.replicates, most=options.most, at_once=options.at_once, many=many
+        )
         outcome = search.out
         try:
+            if options.cluster:
+                measure.client = remote.connect(options.cluster)
             search.run()
         finally:  # interrupted too: what was measured is said and kept
+            if measure.client is not None:
+                remote.close(measure.client)
             if outcome.verdict == "running":
                 outcome.verdict, outcome.words = "interrupted", "interrupted: run the same bisect again to go on"
             found = Bisected(options, commits, outcome, folder, good_from)

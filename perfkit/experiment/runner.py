@@ -44,8 +44,11 @@ class RunReport:
     judgements: dict[str, Judgement] = field(default_factory=dict)
 
 
-def run(project: Project, options: RunOptions, *, out: Callable[[str], None] = print) -> RunReport:
-    """Execute what the selected hypotheses need, judge them, and write results, plots and ledger."""
+def run(project: Project, options: RunOptions, *, out: Callable[[str], None] = print, client: Any = None) -> RunReport:
+    """Execute what the selected hypotheses need, judge them, and write results, plots and ledger.
+
+    `client`: a Dask client for options.cluster that the caller holds and closes (perfkit bisect
+    measures every commit on one cluster); by default the run connects and closes its own."""
     started = time.monotonic()
     settings = config.read(project)
     options = replace(
@@ -58,11 +61,13 @@ def run(project: Project, options: RunOptions, *, out: Callable[[str], None] = p
         raise UserError(f"no hypotheses in {project.relative(project.hypotheses_dir)}")
     load_all_results(project)  # a committed results file its reader refuses stops the run before any probe runs
     rundir.check_writable(project)
-    client = remote.connect(options.cluster) if options.cluster else None  # unreachable: an error, nothing written
+    own = client is None and options.cluster is not None
+    if own:
+        client = remote.connect(options.cluster)  # unreachable: an error, nothing written
     try:
         return _run(_start(project, options, hypotheses, client, Printer(out), settings), hypotheses, started)
     finally:
-        if client is not None:
+        if own:
             remote.close(client)
 
 
