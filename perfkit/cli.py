@@ -72,6 +72,13 @@ def _parser() -> argparse.ArgumentParser:
     dif.add_argument(
         "--plots-url", default="hypotheses/ledger/", metavar="URL", help="prefix of the plot paths in --md"
     )
+    dif.add_argument(
+        "--base-plots-url",
+        default=None,
+        metavar="URL",
+        help="prefix of the base's plot paths in --md, to show before and after side by side "
+        "(e.g. https://github.com/OWNER/REPO/raw/BASE_SHA/hypotheses/ledger/)",
+    )
     dif.add_argument("--junit", metavar="FILE", help="also write the changes as JUnit XML (a test case each) to FILE")
     _review_commands(sub)
     return parser
@@ -193,7 +200,7 @@ def _diff(project, args) -> int:
     if args.json:
         print(json.dumps({"base": name, "changes": [c.to_json() for c in changes]}, indent=1))
     elif args.md:
-        sys.stdout.write(diff.markdown(changes, name, plots_url=args.plots_url))
+        sys.stdout.write(diff.markdown(changes, name, plots_url=args.plots_url, base_plots_url=args.base_plots_url))
     else:
         sys.stdout.write(diff.text(changes, name))
     _write_junit(args.junit, junit.diff_junit(changes, name, fail_on))

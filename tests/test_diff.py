@@ -84,11 +84,26 @@ def test_diff_md_against_the_last_commit_shows_the_rejudged_hypothesis_first(pro
     out = capsys.readouterr().out
     assert code == 1  # a flip to refuted fails the default gate
     lines = out.splitlines()
-    assert len(lines) < 30
+    assert len(lines) < 36  # short: the unchanged are collapsed
     table = [line for line in lines if line.startswith("| ")]
-    assert table[1].startswith("| flip | `fx-cost-confirmed` | confirmed → refuted | 1 ms [0.9, 1.1] | 5 ms [4.5, 5.5]")
-    assert "5x higher" in table[1] and '<img src="hypotheses/ledger/plots/fx-cost-confirmed.png"' in table[1]
-    assert f"{len(hs) - 1} unchanged" in out
+    assert table[0] == "| change | hypothesis | verdict | before → after | moved |"
+    assert (
+        table[1]
+        == "| flip | `fx-cost-confirmed` | confirmed → refuted | 1 ms [0.9, 1.1] → 5 ms [4.5, 5.5] | 5x higher |"
+    )
+    assert "<img" not in "\n".join(table)  # plots are shown below the table, at a readable width
+    section = out[out.index("#### `fx-cost-confirmed`: confirmed → refuted") :]
+    assert 'after:\n\n<img src="hypotheses/ledger/plots/fx-cost-confirmed.png" width="380" alt="after">' in section
+    assert out.startswith("### perfkit: 1 flip, ") and f"{len(hs) - 1} unchanged" in out
+    both = main(
+        ["--root", str(project.root), "diff", "--md", "--base-plots-url", "https://x/raw/b1/hypotheses/ledger/"]
+    )
+    out = capsys.readouterr().out
+    assert both == 1 and "before and after:\n\n" in out
+    assert (
+        '<img src="https://x/raw/b1/hypotheses/ledger/plots/fx-cost-confirmed.png" width="380" alt="before (HEAD)"> '
+        '<img src="hypotheses/ledger/plots/fx-cost-confirmed.png" width="380" alt="after">'
+    ) in out
     assert main(["--root", str(project.root), "diff", "--fail-on", "none"]) == 0
     assert "1 flip" in capsys.readouterr().out
     assert main(["--root", str(project.root), "diff", "--json"]) == 1
@@ -150,3 +165,25 @@ def test_a_verdict_that_changed_because_its_floor_moved_is_said_so_and_is_not_a_
     history = ledger.render(current)
     assert "**flip** (was confirmed); the expectation moved: floor roof 27 ms [25.6, 28.4] → 9.6 ms" in history
     assert "`fx-floor`: roof = 9.6 ms [9.12, 10.1] over 3 replicates: memory-bound" in history
+
+
+@pytest.mark.parametrize("which", ["this repository's", "perfkit init --ci github's"])
+def test_the_pull_request_workflows_are_valid_yaml_with_plots_that_render_in_private_repositories_and_forks(which):
+    import yaml
+
+    from perfkit.experiment import init
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / ".github" / "workflows" / "perfkit.yml").read_text() if which.startswith("this") else init.WORKFLOW
+    steps = yaml.safe_load(text)["jobs"]["review"]["steps"]  # a plain scalar with ': ' in it would not load
+    runs = "\n".join(s.get("run", "") for s in steps)
+    assert (
+        'head="${{ github.event.pull_request.head.repo.full_name }}/raw/${{ github.event.pull_request.head.sha }}"'
+        in runs
+    )
+    assert '--plots-url "https://github.com/$head/hypotheses/ledger/"' in runs
+    assert '--base-plots-url "https://github.com/${{ github.repository }}/raw/$base/' in runs
+    assert "raw.githubusercontent.com" not in text  # needs a token in a private repository
+    assert any(s.get("uses", "").startswith("actions/upload-artifact@") for s in steps)  # the report, kept
+    comment = next(s["run"] for s in steps if "gh pr comment" in s.get("run", ""))
+    assert "|| echo" in comment  # from a fork the token may not comment: the job summary has the diff, no failure

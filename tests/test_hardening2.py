@@ -81,8 +81,8 @@ def test_text_from_a_results_file_stays_in_its_cell_escaped(project):
     store(project, "r1", hostile)
     every = results.load_all_results(project)
     text = ledger.render(every)
-    rows = [line for line in text.splitlines() if line.startswith("| `h` |")]
-    assert len(rows) == 1 and _separators(rows[0]) == 10, rows  # nine columns, one line
+    rows = [line for line in text.splitlines() if line.startswith("| [`h`](#h) |")]
+    assert len(rows) == 1 and _separators(rows[0]) == 6, rows  # five columns, one line
     (history,) = [line for line in text.splitlines() if line.startswith("| r1 |")]
     assert _separators(history) == 6, history
     for shown in (text, diff.markdown(compare.compare([], every), "main")):
@@ -92,7 +92,7 @@ def test_text_from_a_results_file_stays_in_its_cell_escaped(project):
     (floor,) = [line for line in text.splitlines() if line.startswith("- `h`: f = 1 ms")]
     assert "<script>" not in floor and "\\`code\\`" in floor
     (row,) = [line for line in diff.markdown(compare.compare([], every), "main").splitlines() if "| `h` |" in line]
-    assert _separators(row) == 8, row  # seven columns
+    assert _separators(row) == 6, row  # five columns
     page = report.render(every, None, None)
     assert "<script>alert" not in page and 'a"b' not in page and 'src="plots/a%22b.png"' in page
 

@@ -1,3 +1,4 @@
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -11,6 +12,8 @@ from perfkit.experiment import history, results
 from perfkit.experiment.hypothesis import load_hypotheses
 from perfkit.experiment.outputs import ledger
 from perfkit.paths import Project
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FIXTURES = Path(__file__).parent / "fixtures" / "project"
 
@@ -48,10 +51,15 @@ def test_ledger_is_sorted_deterministic_and_marks_flips(project, capsys):
     assert main(["--root", str(project.root), "ledger"]) == 0
     assert project.ledger_path.read_bytes() == first
     text = first.decode()
-    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    rows = [line for line in text.splitlines() if line.startswith("| [`")]
     assert [r.split("`")[1] for r in rows] == ["fx-cost-confirmed", "fx-share"]
-    thumb = '<a href="ledger/plots/fx-cost-confirmed.png"><img src="ledger/plots/fx-cost-confirmed.png" width="96"></a>'
-    assert f"| **refuted** | 9.0x off | 20250102-000000 | {thumb} |" in rows[0]
+    assert rows[0].startswith("| [`fx-cost-confirmed`](#fx-cost-confirmed) | ❌ refuted | ")
+    assert rows[0].endswith(" | 9 ms [8.1, 9.9] vs ≈ 1 ms (×2) | 9.0x off |") and rows[0].count(" | ") == 4  # 5 columns
+    assert rows[1].split(" | ")[1] == "✅ confirmed"
+    section = text[text.index("### `fx-cost-confirmed`") :]
+    plot = '<a href="ledger/plots/fx-cost-confirmed.png"><img src="ledger/plots/fx-cost-confirmed.png" width="480"'
+    assert plot in section and "<img" not in "\n".join(rows)  # the plot in its section, at a readable width
+    assert section.index(plot) < section.index("| run | how |") and "run 20250102-000000." in section
     assert "| 20250102-000000 | quick | refuted | 9 ms [8.1, 9.9] | **flip** (was confirmed) |" in text
     assert "| 20250101-000000 | quick | confirmed | 1 ms [0.9, 1.1] |  |" in text
     assert "- 20250102-000000: 2025-01-01T00:00:00Z, quick; machine not recorded" in text  # who measured it
@@ -84,8 +92,8 @@ def test_a_run_that_reused_everything_adds_no_history_row_and_profiled_runs_neve
     profiled = replace(result(h, "refuted", 5.0, "3"), executions=(replace(execution, key="p", run_id="3"),))
     store(project, "20250101-000003", [profiled], profile="torch")
     text = ledger.render(results.load_all_results(project))
-    row = next(line for line in text.splitlines() if line.startswith("| `fx-cost-confirmed`"))
-    assert "| 20250101-000001 |" in row and "**confirmed**" in row  # the unprofiled measurement stands
+    row = next(line for line in text.splitlines() if line.startswith("| [`fx-cost-confirmed`]"))
+    assert "✅ confirmed" in row and "run 20250101-000001." in text  # the unprofiled measurement stands
     assert "profiled (torch): not the standing measurement" in text
 
 
@@ -151,3 +159,50 @@ def test_a_verdict_judged_at_another_level_says_so_in_every_view(project):
 
     changes = compare([], results.load_all_results(project))
     assert "95% unless marked" in diff_view.markdown(changes, "base")
+
+
+# What GitHub's stylesheet does to a rendered Markdown file (github-markdown-css): the article is at most
+# 1012 px wide with 32 px padding; an image is at most 100% of what holds it; a table is a block as wide
+# as its content, at most 100%, scrolling beyond. Facts of GitHub's renderer, restated here.
+GITHUB_CSS = """
+body { margin: 0; width: 1012px; }
+.markdown-body { box-sizing: border-box; max-width: 1012px; padding: 32px; font-size: 16px; line-height: 1.5;
+  font-family: -apple-system, "Segoe UI", "Noto Sans", Helvetica, Arial, sans-serif; }
+.markdown-body img { max-width: 100%; box-sizing: content-box; }
+.markdown-body table { display: block; width: max-content; max-width: 100%; overflow: auto; border-spacing: 0;
+  border-collapse: collapse; }
+.markdown-body table th, .markdown-body table td { padding: 6px 13px; border: 1px solid #d1d9e0; }
+"""
+MEASURE = """
+window.addEventListener('load', () => {
+  const px = e => Math.round(e.getBoundingClientRect().width);
+  const table = document.querySelector('table');
+  document.body.dataset.plots = [...document.querySelectorAll('img')].map(px).join(' ');
+  document.body.dataset.columns = table.querySelectorAll('thead th').length;
+  document.body.dataset.tableImages = table.querySelectorAll('img').length;
+});
+"""
+
+
+def test_github_renders_every_plot_of_the_ledger_readable_and_the_standing_table_narrow(tmp_path):
+    """The committed LEDGER.md through GitHub's renderer (cmark-gfm) and its stylesheet, in headless Chromium."""
+    import cmarkgfm
+    from cmarkgfm.cmark import Options
+    from test_report import browser_dom
+
+    text = (ROOT / "hypotheses" / "LEDGER.md").read_text(encoding="utf-8")
+    body = cmarkgfm.github_flavored_markdown_to_html(text, options=Options.CMARK_OPT_UNSAFE)  # GitHub keeps <img>
+    page = tmp_path / "hypotheses" / "LEDGER.html"
+    page.parent.mkdir()
+    shutil.copytree(ROOT / "hypotheses" / "ledger" / "plots", page.parent / "ledger" / "plots")
+    page.write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><style>{GITHUB_CSS}</style><script>{MEASURE}</script>"
+        f"</head><body><article class='markdown-body'>{body}</article></body></html>",
+        encoding="utf-8",
+    )
+    dom = browser_dom(page)
+    found = dict(re.findall(r'data-(plots|columns|table-images)="([^"]*)"', dom))
+    plots = [int(w) for w in found["plots"].split()]
+    assert len(plots) == text.count("<img ") and plots  # every plot of the ledger was laid out
+    assert min(plots) >= 320, plots  # readable: not a 26-px thumbnail in a table cell
+    assert int(found["columns"]) <= 7 and found["table-images"] == "0"  # the standing table: words only

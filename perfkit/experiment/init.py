@@ -67,7 +67,7 @@ jobs:
       - uses: actions/setup-python@v5
         with:
           python-version: "3.11"
-      - name: install (CPU wheels of torch: no GPU on the runner)
+      - name: "install (CPU wheels of torch: no GPU on the runner)"
         run: |
           pip install torch --index-url https://download.pytorch.org/whl/cpu
           pip install perfkit  # or however this project installs it with its own dependencies
@@ -76,10 +76,31 @@ jobs:
       - name: what changed
         run: |
           set +e
-          perfkit diff "origin/${{ github.base_ref }}" --md --junit perfkit-diff.xml > perfkit-diff.md
+          base=$(git merge-base "origin/${{ github.base_ref }}" HEAD)
+          head="${{ github.event.pull_request.head.repo.full_name }}/raw/${{ github.event.pull_request.head.sha }}"
+          # github.com/OWNER/REPO/raw/SHA/...: images that render in private repositories and from forks
+          perfkit diff "$base" --md --junit perfkit-diff.xml \\
+            --plots-url "https://github.com/$head/hypotheses/ledger/" \\
+            --base-plots-url "https://github.com/${{ github.repository }}/raw/$base/hypotheses/ledger/" \\
+            > perfkit-diff.md
           echo "status=$?" >> "$GITHUB_OUTPUT"
           cat perfkit-diff.md >> "$GITHUB_STEP_SUMMARY"
         id: diff
+      - run: perfkit report --out perfkit-report
+        if: always()
+      - uses: actions/upload-artifact@v4
+        if: always()
+        with:
+          name: perfkit-report
+          path: perfkit-report/
+      - name: "comment (from a fork the token cannot: the job summary has it)"
+        env:
+          GH_TOKEN: ${{ github.token }}
+        run: |
+          n="${{ github.event.pull_request.number }}"
+          gh pr comment "$n" --body-file perfkit-diff.md --edit-last \\
+            || gh pr comment "$n" --body-file perfkit-diff.md \\
+            || echo "::notice::this token may not comment (a pull request from a fork): the job summary has the diff"
       - uses: mikepenz/action-junit-report@v4
         if: always()
         with:

@@ -14,7 +14,7 @@ def _move_text(change: Change) -> str:
 
 def text(changes: list[Change], base_name: str) -> str:
     counts = {k: sum(1 for c in changes if c.kind == k) for k in KINDS}
-    lines = [f"perfkit diff {base_name} -> working tree: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n)]
+    lines = [f"perfkit diff {base_name} -> working tree: " + counted(counts)]
     for c in changes:
         if c.kind == "unchanged":
             continue
@@ -27,29 +27,60 @@ def text(changes: list[Change], base_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def markdown(changes: list[Change], base_name: str, *, plots_url: str = "hypotheses/ledger/") -> str:
-    """A pull-request comment: the changes as a short table with plot thumbnails, the unchanged collapsed."""
+PLOT_WIDTH = 380  # px: before and after side by side in a pull-request comment's ~800-px column
+
+
+def counted(counts: dict[str, int]) -> str:
+    """'1 flip, 2 flips, 3 unchanged': the kinds of change with their counts, 'flip' the one noun among them."""
+    return ", ".join(f"{n} {k}{'s' if k == 'flip' and n != 1 else ''}" for k, n in counts.items() if n)
+
+
+def _plots(c: Change, plots_url: str, base_plots_url: str | None, base_name: str) -> list[str]:
+    """Before and after plots side by side at a readable width, each captioned; [] when neither has one."""
+    shown = []
+    if base_plots_url is not None and c.base is not None and c.base.plot:
+        src = html.escape(base_plots_url) + url(c.base.plot)
+        shown.append(f'<img src="{src}" width="{PLOT_WIDTH}" alt="before ({html.escape(base_name)})">')
+    if c.current is not None and c.current.plot:
+        src = html.escape(plots_url) + url(c.current.plot)
+        shown.append(f'<img src="{src}" width="{PLOT_WIDTH}" alt="after">')
+    if not shown:
+        return []
+    caption = "before and after" if len(shown) == 2 else "after" if c.current and c.current.plot else "before"
+    return [f"{caption}:", "", " ".join(shown), ""]
+
+
+def markdown(
+    changes: list[Change],
+    base_name: str,
+    *,
+    plots_url: str = "hypotheses/ledger/",
+    base_plots_url: str | None = None,
+) -> str:
+    """A pull-request comment: the changes as a short table, then each change with its before and after
+    plots side by side (the base's from `base_plots_url`, when given); the unchanged collapsed."""
     counts = {k: sum(1 for c in changes if c.kind == k) for k in KINDS}
-    summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "no hypotheses"
+    summary = counted(counts) or "no hypotheses"
     shown = [r for c in changes for r in (c.base, c.current) if r is not None]
     levels = "95% unless marked" if other_levels(shown) else "95%"
     lines = [f"### perfkit: {summary}", "", f"Against {code(base_name)}; intervals are {levels}.", ""]
     changed = [c for c in changes if c.kind != "unchanged"]
     if changed:
-        lines += [
-            "| change | hypothesis | verdict | before | after | moved | plot |",
-            "|---|---|---|---|---|---|---|",
-        ]
+        lines += ["| change | hypothesis | verdict | before → after | moved |", "|---|---|---|---|---|"]
+        sections = []
         for c in changed:
-            plot = c.current.plot if c.current and c.current.plot else None
-            thumb = f'<img src="{html.escape(plots_url)}{url(plot)}" width="120">' if plot else ""
             after = measured_or_why(c.current) + (f"; {c.attempt}" if c.attempt else "")
             if c.expectation:
                 after += f"; the expectation moved: {c.expectation}"
             lines.append(
-                f"| {c.kind} | {code(c.id)} | {cell(c.verdict_words)} | {cell(measured_or_why(c.base))} "
-                f"| {cell(after)} | {_move_text(c)} | {thumb} |"
+                f"| {c.kind} | {code(c.id)} | {cell(c.verdict_words)} | {cell(measured_or_why(c.base))} → "
+                f"{cell(after)} | {_move_text(c) or '—'} |"
             )
+            sections += [f"#### {code(c.id)}: {cell(c.verdict_words)}", ""]
+            claim = (c.current or c.base).claim if (c.current or c.base) else ""
+            sections += [cell(claim), ""] if claim else []
+            sections += _plots(c, plots_url, base_plots_url, base_name)
+        lines += ["", *sections]
     else:
         lines.append("No verdict or measurement changed.")
     unchanged = [c for c in changes if c.kind == "unchanged"]
@@ -57,4 +88,4 @@ def markdown(changes: list[Change], base_name: str, *, plots_url: str = "hypothe
         lines += ["", f"<details><summary>{len(unchanged)} unchanged</summary>", ""]
         lines += [f"- {code(c.id)}: " + cell(f"{c.verdict_words}, {measured_or_why(c.current)}") for c in unchanged]
         lines += ["", "</details>"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines).rstrip("\n") + "\n"

@@ -68,25 +68,64 @@ def _history_row(entry: Entry, previous: Entry | None) -> str:
     )
 
 
+SYMBOLS = {"confirmed": "✅", "refuted": "❌", "inconclusive": "❔", "error": "⚠️"}
+PLOT_WIDTH = 480  # px: a plot in a hypothesis's section, readable in GitHub's 1012-px column (never in a table)
+
+
+def verdict_words(result) -> str:
+    """'✅ confirmed', '❌ refuted (not reproduced)': the symbol says it before the word is read."""
+    return f"{SYMBOLS.get(result.verdict, '')} {result.verdict}".strip() + (
+        " (not reproduced)" if result.not_reproduced else ""
+    )
+
+
+def _against(result) -> str:
+    """The measurement against the claim, in one cell: '0.398 ms [0.195, 0.602] vs ≈ 200 ms (×3)'."""
+    measured = measured_text(result)
+    return f"{measured} vs {result.expected}" if measured else f"nothing measured (expected {result.expected})"
+
+
+def _section(hid: str, latest: Entry, rows: list[str]) -> list[str]:
+    """A hypothesis's own section: its verdict in words, the evidence, its plot at a readable width, its history."""
+    r = latest.result
+    said = [f"{verdict_words(r)}: {r.claim}", f"Measured {_against(r)}"]
+    for part in (off_by_text(r), evidence_text(r)):
+        if part:
+            said.append(part)
+    said.append(f"run {latest.run_id}")
+    lines = [f"### {code(hid)}", "", cell(". ".join(p.rstrip(".") for p in said)) + ".", ""]
+    if r.plot:
+        lines += [
+            f'<a href="ledger/{url(r.plot)}"><img src="ledger/{url(r.plot)}" width="{PLOT_WIDTH}" '
+            f'alt="{cell(hid)}: {r.verdict}"></a>',
+            "",
+        ]
+    header = ["| run | how | verdict | measured [95% interval] | note |", "|---|---|---|---|---|"]
+    older = rows[:-SHOWN_HISTORY]
+    flips = [row for row in older if "**flip**" in row]
+    lines += [*header, *flips, *rows[-SHOWN_HISTORY:], ""]
+    if older:
+        lines += [f"<details><summary>all {len(rows)} measurements</summary>", "", *header, *rows, "", "</details>", ""]
+    return lines
+
+
 def render(all_results: list[RunResults]) -> str:
     """The ledger text. Depends on the results only: same results, same bytes."""
     entries = history(all_results)
     every = [e.result for runs in entries.values() for e in runs]
     lines = [
         HEADER + (LEVEL_NOTE if other_levels(every) else ""),
-        "| id | claim | expected | measured [95% interval] | evidence | verdict | off by | run | plot |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| hypothesis | verdict | claim | measured [95% interval] vs expected | off by |",
+        "|---|---|---|---|---|",
     ]
     shown_runs: dict[str, RunResults | None] = {}
     for hid, runs in entries.items():
         latest = standing(runs)
         shown_runs[latest.run_id] = latest.run
         r = latest.result
-        plot = f'<a href="ledger/{url(r.plot)}"><img src="ledger/{url(r.plot)}" width="96"></a>' if r.plot else "—"
-        verdict = f"**{r.verdict}**" + (" (not reproduced)" if r.not_reproduced else "")
         lines.append(
-            f"| {code(hid)} | {cell(r.claim)} | {cell(r.expected)} | {cell(measured_text(r))} "
-            f"| {cell(evidence_text(r))} | {verdict} | {cell(off_by_text(r))} | {cell(latest.run_id)} | {plot} |"
+            f"| [{code(hid)}](#{anchor(hid)}) | {verdict_words(r)} | {cell(r.claim)} | {cell(_against(r))} "
+            f"| {cell(off_by_text(r))} |"
         )
     lines += ["", "Measured by:", ""]
     for run_id in sorted(shown_runs):
@@ -111,30 +150,22 @@ def render(all_results: list[RunResults]) -> str:
             lines.append(f"- {code(hid)}: " + cell(f"{floor.metric} = {floor.text()}{over}{note}"))
     lines += [
         "",
-        "## History",
+        "## Hypotheses",
         "",
-        f"The last {SHOWN_HISTORY} measurements of each hypothesis, newest last, and every flip; **flip** marks a",
-        "verdict that changed. A run that only reused a stored measurement adds no row. Older measurements",
-        "are in the collapsed block under each table.",
+        "Each hypothesis: its standing verdict, the evidence and plot behind it, then its last "
+        f"{SHOWN_HISTORY} measurements,",
+        "newest last, and every flip; **flip** marks a verdict that changed. A run that only reused a stored",
+        "measurement adds no row. Older measurements are in the collapsed block under each table.",
         "",
     ]
-    header = ["| run | how | verdict | measured [95% interval] | note |", "|---|---|---|---|---|"]
     for hid, runs in entries.items():
-        rows = [_history_row(e, before(runs, e)) for e in runs]
-        older = rows[:-SHOWN_HISTORY]
-        flips = [row for row in older if "**flip**" in row]
-        lines += [f"### {code(hid)}", "", *header, *flips, *rows[-SHOWN_HISTORY:], ""]
-        if older:
-            lines += [
-                f"<details><summary>all {len(rows)} measurements</summary>",
-                "",
-                *header,
-                *rows,
-                "",
-                "</details>",
-                "",
-            ]
+        lines += _section(hid, standing(runs), [_history_row(e, before(runs, e)) for e in runs])
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def anchor(hid: str) -> str:
+    """The link GitHub gives a hypothesis's heading: lower case, what is not a word character or a hyphen dropped."""
+    return "".join(ch for ch in hid.lower() if ch.isalnum() or ch in "-_")
 
 
 STALE_S = 600.0  # a temporary file this old was left by a write that was killed, not one in progress
