@@ -720,3 +720,23 @@ def test_no_execution_starts_once_a_run_was_interrupted(tmp_path):
     finally:
         executor.allow_executions()
     assert executor.execute(job).execution.status == "ok"  # the next run's rounds may execute again
+
+
+def test_a_plot_that_does_not_match_its_row_is_flagged_and_redrawn(first, capsys):
+    from perfkit.experiment.plots import stamp_of
+    from perfkit.experiment.results import stamp
+
+    project, report, _ = first
+    standing = {r.id: r for r in report.results.hypotheses}
+    mine = project.ledger_dir / "plots" / "fx-cost-confirmed.png"
+    assert stamp_of(mine) == stamp(standing["fx-cost-confirmed"])  # the plot says which result it shows
+    theirs = (project.ledger_dir / "plots" / "fx-cost-refuted.png").read_bytes()
+    kept = mine.read_bytes()
+    mine.write_bytes(theirs)  # `git checkout --theirs` of a plot after both branches re-ran
+    root = ["--root", str(project.root)]
+    assert main([*root, "ledger", "--check"]) == 1
+    said = capsys.readouterr().out
+    assert "fx-cost-confirmed: hypotheses/ledger/plots/fx-cost-confirmed.png was drawn from another result" in said
+    assert main([*root, "ledger"]) == 0
+    assert "redrew hypotheses/ledger/plots/fx-cost-confirmed.png from run " in capsys.readouterr().out
+    assert mine.read_bytes() == kept and main([*root, "ledger", "--check"]) == 0

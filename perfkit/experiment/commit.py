@@ -152,10 +152,13 @@ def apply(project: Project, results: RunResults, earlier: list[RunResults]) -> P
     return results_path(project, results.run_id)
 
 
-def rewrite(project: Project) -> list[str]:
-    """`perfkit ledger`: finish what killed runs left half-applied, then LEDGER.md; the run ids finished."""
+def rewrite(project: Project, say=print) -> list[str]:
+    """`perfkit ledger`: finish what killed runs left half-applied, redraw plots that do not match their
+    rows, then LEDGER.md; the run ids finished."""
     with locked(project):
         finished = finish_pending(project)
+        for line in ledger.redraw_plots(project):
+            say(line)
         ledger.write(project)
     return finished
 

@@ -69,8 +69,14 @@ DPI = 150  # the plot under runs/<run-id>/plots/; the ledger's copy is scaled fr
 LEDGER_DPI = 100
 
 
-def render(title: str, j: Judgement, points: list[Point], draw: Draw, *, dpi: int = DPI) -> bytes:
-    """The verdict's plot as PNG bytes: the title and the verdict's line, then `draw` (the kind's plot)."""
+STAMP_KEY = "perfkit-result"  # the PNG text chunk naming the result a plot was drawn from (results.stamp)
+
+
+def render(
+    title: str, j: Judgement, points: list[Point], draw: Draw, *, dpi: int = DPI, stamp: str | None = None
+) -> bytes:
+    """The verdict's plot as PNG bytes: the title and the verdict's line, then `draw` (the kind's plot).
+    `stamp` goes into the PNG, so a plot can be told apart from its row after a merge took one side's."""
     fig = figure()
     _title(fig, title, j)
     if j.measured is None or not j.used:
@@ -78,19 +84,34 @@ def render(title: str, j: Judgement, points: list[Point], draw: Draw, *, dpi: in
     else:
         draw(fig, j, points)
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None})
+    fig.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None, **({STAMP_KEY: stamp} if stamp else {})})
     return buffer.getvalue()
+
+
+def stamp_of(png_path: Path) -> str | None:
+    """The stamp a plot carries (None: none, or not a PNG perfkit can read)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(png_path) as image:
+            return getattr(image, "text", {}).get(STAMP_KEY)
+    except (OSError, UnidentifiedImageError, ValueError):
+        return None
 
 
 def scaled(png: bytes, factor: float) -> bytes:
     """The same plot, `factor` times the size, in 256 colours: the ledger's copy, small to commit, not drawn again."""
     from PIL import Image
+    from PIL.PngImagePlugin import PngInfo
 
     with Image.open(io.BytesIO(png)) as image:
         size = (max(1, round(image.width * factor)), max(1, round(image.height * factor)))
         small = image.convert("RGB").resize(size, Image.Resampling.LANCZOS)
+        info = PngInfo()
+        if STAMP_KEY in getattr(image, "text", {}):
+            info.add_text(STAMP_KEY, image.text[STAMP_KEY])  # the copy says what it was drawn from too
     buffer = io.BytesIO()
-    small.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(buffer, format="PNG", optimize=True)
+    small.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(buffer, format="PNG", optimize=True, pnginfo=info)
     return buffer.getvalue()
 
 

@@ -36,6 +36,7 @@ Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Callable
@@ -426,6 +427,14 @@ def read_execution(path: Path, shown: str | None = None) -> Execution:
     shown = shown or str(path)
     data = upgrade(read_json(path, shown), shown, current=FORMAT_VERSION, upgrades=UPGRADES)
     return Execution.from_json(Reader(data, shown))
+
+
+def stamp(result: HypothesisResult) -> str:
+    """What a verdict's plot was drawn from, in 16 hex digits: the record's hash, the verdict and the
+    measured interval. The plot carries it; `perfkit ledger --check` compares it with the standing row."""
+    m = result.measured
+    shown = None if m is None else [m.label, m.unit, repr(m.value), repr(m.low), repr(m.high)]
+    return hashlib.sha256(json.dumps([result.id, result.hash, result.verdict, shown]).encode()).hexdigest()[:16]
 
 
 def results_path(project: Project, run_id: str) -> Path:

@@ -223,6 +223,50 @@ def check(project: Project) -> tuple[list[str], list[str]]:
         plot = standing(runs).result.plot
         if plot and not (project.ledger_dir / plot).is_file():
             problems.append(f"{hid}: the ledger links {project.relative(project.ledger_dir / plot)}, which is missing")
+    for hid, path, entry in mismatched_plots(project, entries):
+        problems.append(
+            f"{hid}: {project.relative(path)} was drawn from another result than its row (run {entry.run_id}): "
+            "a merge that took one side's plot? `perfkit ledger` redraws it"
+        )
         if hid not in hypotheses:
             warnings.append(f"{hid}: has verdicts but no hypothesis file any more")
     return problems, warnings
+
+
+def mismatched_plots(project: Project, entries: dict[str, list[Entry]]) -> list[tuple[str, Path, Entry]]:
+    """(id, plot, standing entry) of every ledger plot whose stamp names another result than its row.
+
+    A plot without a stamp (drawn before plots carried one) is not judged."""
+    from perfkit.experiment.plots import stamp_of
+    from perfkit.experiment.results import stamp
+
+    out = []
+    for hid, runs in entries.items():
+        entry = standing(runs)
+        if not entry.result.plot:
+            continue
+        path = project.ledger_dir / entry.result.plot
+        found = stamp_of(path) if path.is_file() else None
+        if found is not None and found != stamp(entry.result):
+            out.append((hid, path, entry))
+    return out
+
+
+def redraw_plots(project: Project) -> list[str]:
+    """Each mismatched ledger plot scaled again from its run's own plot (runs/<run-id>/plots/), when that
+    one is here and carries the row's stamp; what could not be redrawn is said."""
+    from perfkit.experiment import plots
+    from perfkit.experiment.results import stamp
+
+    said = []
+    for hid, path, entry in mismatched_plots(project, history(load_all_results(project))):
+        source = project.runs_dir / entry.run_id / "plots" / f"{hid}.png"
+        if source.is_file() and plots.stamp_of(source) == stamp(entry.result):
+            plots.write_plot(path, plots.scaled(source.read_bytes(), plots.LEDGER_DPI / plots.DPI))
+            said.append(f"redrew {project.relative(path)} from run {entry.run_id}")
+        else:
+            said.append(
+                f"{project.relative(path)} does not match its row, and run {entry.run_id}'s own plot is not "
+                f"here: `perfkit run {hid} --force` measures and draws it again"
+            )
+    return said
