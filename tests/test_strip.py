@@ -64,3 +64,44 @@ def test_a_file_that_is_no_notebook_is_stored_as_it_is_with_one_line(text):
     )
     assert done.returncode == 0 and done.stdout == text  # git stores it unchanged, and says why once
     assert done.stderr.startswith("perfkit clean filter: stored as it is") and len(done.stderr.splitlines()) == 1
+
+
+def test_language_info_goes_and_a_projects_extra_keys_go_too(tmp_path):
+    project = tmp_path / "repo" / "sub"
+    (project / "hypotheses").mkdir(parents=True)
+    (project / "notebooks").mkdir()
+    (project / "pyproject.toml").write_text('[tool.perfkit]\nstrip = ["metadata.jupytext", "cell.metadata.tags"]\n')
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"], "keep": 1})]
+    nb.metadata.update(language_info={"name": "python", "version": "3.11.9"}, jupytext={"a": 1}, kernelspec={"k": 1})
+    text = nbformat.writes(nb)
+
+    def clean(*args: str) -> dict:
+        done = subprocess.run(
+            [sys.executable, "-m", "perfkit.experiment.strip", *args],
+            input=text,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path / "repo",  # git runs the filter at the top of the work tree, naming the file (%f)
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    plain = clean()
+    assert "language_info" not in plain["metadata"] and plain["metadata"]["jupytext"] == {"a": 1}
+    assert plain["cells"][0]["metadata"] == {"tags": ["parameters"], "keep": 1}
+    configured = clean("sub/notebooks/probe.ipynb")
+    assert set(configured["metadata"]) == {"kernelspec"}  # language_info by default, jupytext as configured
+    assert configured["cells"][0]["metadata"] == {"keep": 1}
+    (project / "pyproject.toml").write_text('[tool.perfkit]\nstrip = ["outputs"]\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "perfkit.experiment.strip", "sub/notebooks/probe.ipynb"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path / "repo",
+    )
+    assert done.returncode == 0 and "jupytext" in json.loads(done.stdout)["metadata"]  # the defaults still apply
+    assert 'strip must be a list of keys like "metadata.jupytext"' in done.stderr

@@ -20,7 +20,7 @@ from perfkit.errors import UserError
 from perfkit.machine import fitness
 from perfkit.paths import Project
 
-KEYS = ("cluster", "code", "fitness")
+KEYS = ("cluster", "code", "fitness", "strip")
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class Settings:
     code: tuple[str, ...] | None = None  # None: the default (everything); see perfkit/experiment/code.py
     fitness: fitness.Limits = fitness.LIMITS
     source: str | None = None  # the file they came from, as the user sees it
+    strip: tuple[str, ...] = ()  # more keys the notebook clean filter drops (perfkit/experiment/strip.py)
 
 
 def where(project: Project) -> Path:
@@ -75,4 +76,18 @@ def read(project: Project) -> Settings:
         parsed = fitness.Limits.parse(limits, f"{label} fitness")
     except ValueError as exc:
         raise UserError(f"{shown}: {exc}") from None
-    return Settings(cluster=cluster, code=None if code is None else tuple(code), fitness=parsed, source=shown)
+    strip = table.get("strip", [])
+    if not isinstance(strip, list) or not all(
+        isinstance(k, str) and k.startswith(("metadata.", "cell.metadata.")) and "" not in k.split(".") for k in strip
+    ):
+        raise UserError(
+            f'{shown}: {label} strip must be a list of keys like "metadata.jupytext" or "cell.metadata.tags", '
+            f"got {strip!r}"
+        )
+    return Settings(
+        cluster=cluster,
+        code=None if code is None else tuple(code),
+        fitness=parsed,
+        source=shown,
+        strip=tuple(strip),
+    )

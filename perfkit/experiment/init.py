@@ -172,7 +172,7 @@ def _git_setup(step: Init, in_git: bool) -> None:
     step.append_lines(".gitattributes", ATTRIBUTES)
     if in_git:
         python = shlex.quote(sys.executable)
-        step.git_config("filter.perfkit-notebook.clean", f"{python} -m perfkit.experiment.strip")
+        step.git_config("filter.perfkit-notebook.clean", f"{python} -m perfkit.experiment.strip %f")
         step.git_config("merge.perfkit-ledger.name", "perfkit: render LEDGER.md again from both sides' results")
         step.git_config("merge.perfkit-ledger.driver", f"{python} -m perfkit.experiment.merge %A %P")
 
