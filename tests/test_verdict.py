@@ -158,3 +158,33 @@ def test_a_floor_recorded_in_some_replicates_only_is_not_judged():
     roof = MetricRecord(name="roof", unit="ms", samples=(1.0, 1.1))
     j = judge(hyp(floored), [run(metric("t", 2.0), roof, replicate=0), run(metric("t", 2.0, seed=1), replicate=1)])
     assert j.verdict is Verdict.INCONCLUSIVE and "different numbers of replicates" in j.reason
+
+
+def test_a_warning_true_at_several_points_is_one_line_with_its_count():
+    import random
+
+    from perfkit.experiment.kinds.base import warnings_for
+
+    rng = random.Random(0)
+
+    def offsets(spread):  # three processes of 20 samples, each process shifted by its own offset
+        shifted = [10 * (1 + rng.gauss(0, spread)) for _ in range(3)]
+        return [[mean + rng.gauss(0, 0.01) for _ in range(20)] for mean in shifted]
+
+    labelled = [(f"m at ctx={c}", offsets(0.2 if i < 4 else 0.0)) for i, c in enumerate((1, 2, 4, 8, 16, 32))]
+    said = warnings_for(labelled)
+    assert len(said) == 1, said  # not four lines of the same warning
+    assert said[0].startswith("between-process spread dominates") and "more processes, not more samples" in said[0]
+    assert said[0].endswith("(at 4 of 6: m at ctx=1, m at ctx=2, m at ctx=4, m at ctx=8)")
+    (one,) = warnings_for(labelled[:1])
+    assert one.startswith("m at ctx=1: between-process spread dominates (") and "% of a replicate mean's" in one
+
+
+def test_in_a_notebook_the_one_process_warning_is_said_at_the_first_record_only(monkeypatch):
+    from perfkit.probe import recording
+
+    monkeypatch.setattr(recording, "_said", set())
+    payloads = [recording.make_record(name, [1.0 + 0.01 * i for i in range(30)], unit="ms") for name in ("a", "b")]
+    first, second = (recording.summary_line(p) for p in payloads)
+    assert "warning: one process:" in first and "said once per notebook" in first
+    assert "one process" not in second

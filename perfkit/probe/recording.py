@@ -76,6 +76,10 @@ def make_record(
     }
 
 
+ONCE = "one process:"  # the warning every record of a notebook would repeat
+_said: set[str] = set()
+
+
 def summary_line(payload: dict[str, Any]) -> str:
     """What a person reads under the cell: the metric, its mean and 95% interval, and warnings."""
     from perfkit import stats
@@ -103,6 +107,11 @@ def summary_line(payload: dict[str, Any]) -> str:
             + f" mean of n={s.n} (min {units.format_number(s.min)}, max {units.format_number(s.max)})"
         )
         for warning in stats.warnings([samples]):
+            if warning.startswith(ONCE):  # true of every record this process makes: said at its first
+                if ONCE in _said:
+                    continue
+                _said.add(ONCE)
+                warning += " (said once per notebook: it holds for every record here)"
             text += f"\n  warning: {warning}"
     if payload.get("note"):
         text += f"\n  note: {payload['note']}"

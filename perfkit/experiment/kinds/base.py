@@ -174,9 +174,28 @@ def measured(
     )
 
 
+def _kind(warning: str) -> str:
+    """A warning without its figures: what makes two warnings of different points the same warning."""
+    return re.sub(r"\([^)]*\)|\d+", "", warning)
+
+
 def warnings_for(labelled: list[tuple[str, list[list[float]]]]) -> tuple[str, ...]:
-    """What could make each labelled set of replicates mislead, prefixed with its label."""
-    return tuple(f"{label}: {w}" for label, reps in labelled for w in stats.warnings(reps))
+    """What could make the labelled sets of replicates mislead: one line per kind of warning, with the
+    labels it holds for ('at 4 of 6: ...') and its figures when they are the same everywhere."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for label, reps in labelled:
+        for w in stats.warnings(reps):
+            groups.setdefault(_kind(w), []).append((label, w))
+    out = []
+    for items in groups.values():
+        if len(items) == 1:
+            out.append(f"{items[0][0]}: {items[0][1]}")
+            continue
+        texts = {w for _, w in items}
+        said = items[0][1] if len(texts) == 1 else re.sub(r" \([^)]*\)", "", items[0][1])
+        labels = ", ".join(label for label, _ in items)
+        out.append(f"{said} (at {len(items)} of {len(labelled)}: {labels})")
+    return tuple(out)
 
 
 # ---------------------------------------------------------------- comparing
