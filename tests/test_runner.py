@@ -64,6 +64,8 @@ def test_every_failure_mode_gets_its_verdict_and_the_rest_completes(first):
     )
     assert got["fx-dies"] == ("error", 'kernel died in cell 6 (`if mode == "die":`)')
     assert got["fx-sleeps"] == ("error", 'timed out after 15 s in cell 5 (`if mode == "sleep":`)')
+    beats = [line for line in lines if " running  fixture_probe.ipynb mode=sleep" in line]
+    assert beats and ' s, in cell 5 (`if mode == "sleep":`)' in beats[0]  # a probe running long says so
     assert got["fx-silent"] == ("inconclusive", "probe recorded no samples for work")
     assert {k: v[0] for k, v in got.items() if k in OK} == {
         "fx-cost-confirmed": "confirmed",
@@ -276,6 +278,7 @@ def test_replicates_run_in_rounds_are_told_their_index_and_a_busy_one_is_rerun(f
     starts = [line for line in lines if " start    " in line]
     assert len(starts) == 2 + 1  # one execution (both read it) x two replicates, and one re-run
     assert ["replicate 0" in s for s in starts[:2]] == [True, False]  # round 0, then round 1
+    assert [s.split()[0] for s in starts] == ["[1/2]", "[2/2]", "[3/3]"]  # the re-run's counter goes on
     assert any(line.startswith("re-running 1 replicates") for line in lines)
     run_dir = project.runs_dir / report.run_id
     assert len(list(run_dir.glob("executions/*/r*-unfit"))) == 1  # the busy attempt's evidence is kept

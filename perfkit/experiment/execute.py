@@ -66,7 +66,7 @@ def _first_line(source: str) -> str:
     return ""
 
 
-def _cell_words(index: int, source: str) -> str:
+def cell_words(index: int, source: str) -> str:
     line = _first_line(source)
     return f"cell {index} (`{line}`)" if line else f"cell {index}"
 
@@ -306,7 +306,7 @@ def execute(job: Job, *, launched: Callable[[int], None] | None = None) -> Ended
     running = last_started_cell(nb) if nb is not None else None
     cells = tuple(cell_times(nb)) if nb is not None else ()
     if timed_out:
-        where = f"in {_cell_words(*running)}" if running else "before any cell ran (kernel start-up)"
+        where = f"in {cell_words(*running)}" if running else "before any cell ran (kernel start-up)"
         return Ended(
             replace(
                 ended,
@@ -336,10 +336,10 @@ def _told(ended: Execution, told: dict, job: Job, running: tuple[int, str] | Non
     name = job.notebook.name
     if status == "error" and told.get("cell_index") is not None:
         index = told["cell_index"]
-        reason = f"{name} {_cell_words(index, told.get('source', ''))}: {told['ename']}: {told['evalue']}"
+        reason = f"{name} {cell_words(index, told.get('source', ''))}: {told['ename']}: {told['evalue']}"
     elif status == "crashed":
         index = running[0] if running else None
-        reason = f"kernel died {f'in {_cell_words(*running)}' if running else 'before any cell ran'}"
+        reason = f"kernel died {f'in {cell_words(*running)}' if running else 'before any cell ran'}"
     else:
         index = None
         reason = f"{name}: {told.get('ename')}: {told.get('evalue')}"

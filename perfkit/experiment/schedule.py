@@ -15,7 +15,10 @@ from __future__ import annotations
 import json
 import queue
 import random
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -109,7 +112,51 @@ def _on_slot(
     )
     wait = f", after waiting {waited:.0f} s for free cores" if waited >= 1 else ""
     ctx.say(f"{tag} start    {label(planned)}  ({threads} threads on CPU {fitness.cpu_list(cpus)}{wait})")
-    return finish(exec_dir, executor.measure(job), tag=tag, ctx=ctx)
+    with heartbeat(ctx, tag, planned, exec_dir):
+        ended = executor.measure(job)
+    return finish(exec_dir, ended, tag=tag, ctx=ctx)
+
+
+HEARTBEAT_S = 10.0  # a probe running longer says so this often: elapsed, the cell it is in, the run's time left
+
+
+@contextmanager
+def heartbeat(ctx: RunContext, tag: str, planned: Execution, exec_dir: Path, every_s: float = HEARTBEAT_S):
+    """While the block runs, every `every_s` one line: how long this execution has run, the cell it is in
+    (papermill saves the notebook as each cell starts) and, once some finished, the run's time left."""
+    stop = threading.Event()
+    started = time.monotonic()
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            elapsed = time.monotonic() - started
+            cell = _running_cell(exec_dir / "executed.ipynb")
+            ctx.say(f"{tag} running  {label(planned)}  {elapsed:.0f} s{cell}{_time_left(ctx)}")
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _running_cell(path: Path) -> str:
+    """', in cell 4 (`first line`)' from the notebook papermill is writing ('' until it has started one)."""
+    nb = executor.read_notebook(path)  # None when half-written or not there yet: nothing to say this time
+    found = executor.last_started_cell(nb) if nb is not None else None
+    return f", in {executor.cell_words(*found)}" if found else ""
+
+
+def _time_left(ctx: RunContext) -> str:
+    """'; about 40 s left in the run': the mean time of its executions that ended, over those still to end."""
+    walls = [x.wall_s for x in ctx.done.values() if not x.reused and x.wall_s]
+    left = len([x for x in ctx.plan.replicated() if x.id not in ctx.done])
+    if not walls or not left:
+        return ""
+    seconds = sum(walls) / len(walls) * left / max(1, ctx.options.at_once())
+    return f"; about {seconds:.0f} s left in the run ({left} executions)"
 
 
 def _slots(ctx: RunContext, batch: list[Execution]) -> queue.Queue:
@@ -206,7 +253,8 @@ def _retry_unfit(ctx: RunContext, ran: list[Execution]) -> None:
         first_try = ctx.run_dir.execution_dir(x.id)
         first_try.rename(first_try.with_name(first_try.name + "-unfit"))
     again: dict[str, Execution] = {}
-    _round(ctx, retry, {x.id: f"[{i + 1}/{len(retry)}]" for i, x in enumerate(retry)}, again)
+    total = len(ran) + len(retry)  # the counter goes on from where the run's executions left it
+    _round(ctx, retry, {x.id: f"[{len(ran) + i + 1}/{total}]" for i, x in enumerate(retry)}, again)
     for x in retry:
         if again[x.id].status == "ok":
             ctx.done[x.id] = again[x.id]
