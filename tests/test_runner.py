@@ -601,6 +601,16 @@ def test_a_notebook_executed_by_hand_with_papermill_gets_the_runs_verdicts(first
         got["fx-raises"] == "inconclusive" and "the notebook ran with mode='ok'; the record asks mode='raise'" in text
     )
     assert text.splitlines()[0].endswith("the machine's fitness not judged (no utilization.json beside out.ipynb)")
+    # one that asks only for more samples (Run All in JupyterLab takes the defaults) is judged, and says so
+    other = tmp_path / "other"
+    shutil.copytree(project.hypotheses_dir, other / "hypotheses", ignore=shutil.ignore_patterns("ledger", "*.md"))
+    shutil.copytree(project.notebooks_dir, other / "notebooks")
+    record = (other / "hypotheses" / "fx-cost-confirmed.yaml").read_text()
+    (other / "hypotheses" / "fx-cost-confirmed.yaml").write_text(record.replace("n: 1000}", "n: 1000, repeat: 40}"))
+    assert main(["--root", str(other), "judge", str(out), "--hypothesis", "fx-cost-confirmed"]) == 0
+    said = capsys.readouterr().out
+    assert "fx-cost-confirmed                confirmed" in said
+    assert "sample counts differ from the record's (repeat=20; it asks repeat=40): judged on the samples taken" in said
     stored = sorted(p.name for p in project.results_dir.glob("*.json"))
     assert main(["--root", str(project.root), "judge", str(out), "--hypothesis", "fx-share"]) == 0
     assert sorted(p.name for p in project.results_dir.glob("*.json")) == stored  # never stored
