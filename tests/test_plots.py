@@ -87,3 +87,38 @@ def test_a_plot_prints_the_level_its_verdict_was_judged_at():
     )
     labels = [t.get_text() for ax in drawn[0].axes for t in ax.get_legend().get_texts()] if drawn else []
     assert "mean, 98.3% interval" in labels
+
+
+def _labels(ax, which):
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    low, high = sorted(ax.get_xlim() if which == "x" else ax.get_ylim())
+    ticks = axis.get_major_ticks() + axis.get_minor_ticks()
+    return [
+        t.label1.get_text()
+        for t in ticks
+        if t.label1.get_visible() and t.label1.get_text() and low <= t.get_loc() <= high
+    ]
+
+
+@pytest.mark.parametrize("contexts", [(8192, 16384, 32768, 65536), (1024, 131072)])
+def test_a_flat_scaling_plot_has_distinct_tick_labels_in_one_notation_and_its_legend_inside(contexts):
+    """compact-mask-flat-in-context: y flat near 0.05 ms (six labels read '5e-02'), x from 8k to 64k."""
+    h, j, points = case(
+        expectation(kind="scaling", metric="mask_build_compact", over="ctx", exponent=0.0, tolerance=0.2),
+        [({"ctx": c}, [noisy("mask_build_compact", 0.05, seed=c)]) for c in contexts],
+        sweep=Sweep(param="ctx", values=contexts),
+    )
+    fig = plots.figure()
+    h.expect.plot(fig, j, points)
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    for which in ("x", "y"):
+        said = _labels(ax, which)
+        assert said and len(set(said)) == len(said), (which, said)  # no two ticks read the same
+        assert not any("e" in s for s in said), (which, said)  # one notation: 10,000 and 20,000, never 2e+04
+    shown = [t.label1 for t in ax.xaxis.get_major_ticks() + ax.xaxis.get_minor_ticks() if t.label1.get_text()]
+    boxes = sorted((b.x0, b.x1) for b in (label.get_window_extent() for label in shown if label.get_visible()))
+    assert all(left[1] <= right[0] for left, right in zip(boxes, boxes[1:])), boxes  # no label over another
+    legend = ax.get_legend().get_window_extent()
+    inside = fig.bbox
+    assert inside.x0 <= legend.x0 and legend.x1 <= inside.x1 and inside.y0 <= legend.y0 and legend.y1 <= inside.y1

@@ -49,6 +49,28 @@ def log_if_spread(ax, values: list[float], axis: str) -> None:
         (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
 
 
+def log_ticks(ax, which: str) -> None:
+    """Tick labels on a log axis written as the ledger writes numbers ('10,000', '0.052', never '2e+04'),
+    with as many digits as it takes for no two labels to read the same."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    from perfkit import units
+
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    low, high = sorted(ax.get_xlim() if which == "x" else ax.get_ylim())
+    for digits in (2, 3, 4, 5, 6):
+        ticks = [t for t in axis.get_majorticklocs() if low <= t <= high]
+        minor = [t for t in axis.get_minorticklocs() if low <= t <= high] if high / low < 10 else []
+        words = [units.format_number(t, digits) for t in ticks + minor]
+        if len(set(words)) == len(words):
+            break
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos, d=digits: units.format_number(v, d)))
+    if high / low < 10:  # less than a decade: the minor ticks carry the labels
+        axis.set_minor_formatter(FuncFormatter(lambda v, _pos, d=digits: units.format_number(v, d)))
+    else:
+        axis.set_minor_formatter(NullFormatter())
+
+
 def _title(fig, title: str, j: Judgement) -> None:
     fig.suptitle(
         f"{title}: {j.verdict.value}", color=COLORS[j.verdict], fontsize=11, fontweight="bold", x=0.02, ha="left"

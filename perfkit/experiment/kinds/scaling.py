@@ -92,7 +92,7 @@ class Scaling(Expect):
         )
 
     def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
-        from matplotlib.ticker import LogFormatter
+        from matplotlib.ticker import NullLocator
 
         ax = fig.add_axes((0.13, 0.16, 0.55, 0.62))
         xs, means, lows, highs = [], [], [], []
@@ -135,10 +135,12 @@ class Scaling(Expect):
             linestyle="--",
             label=f"expected k = {self._claim()}",
         )
-        for axis in (ax.xaxis, ax.yaxis):
-            axis.set_major_formatter(LogFormatter(labelOnlyBase=False))
-            axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+        plots.log_ticks(ax, "y")
+        ax.set_xticks(sorted(set(xs)), [units.format_number(x, 6) for x in sorted(set(xs))])  # the sizes measured
+        ax.xaxis.set_minor_locator(NullLocator())
         ax.tick_params(labelsize=7, which="both")
         ax.set_xlabel(self.over)
         ax.set_ylabel(f"{self.metric} [{unit}]", fontsize=8)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+        # beside the axes, inside the figure: the labels are wrapped to the room there is
+        for text in ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False).get_texts():
+            text.set_text(plots.wrap(text.get_text(), 26))
