@@ -122,3 +122,21 @@ def test_a_flat_scaling_plot_has_distinct_tick_labels_in_one_notation_and_its_le
     legend = ax.get_legend().get_window_extent()
     inside = fig.bbox
     assert inside.x0 <= legend.x0 and legend.x1 <= inside.x1 and inside.y0 <= legend.y0 and legend.y1 <= inside.y1
+
+
+def test_a_speedup_plot_marks_the_claimed_factor_and_keeps_every_error_bar_on_the_axis():
+    wild = MetricRecord(name="slow", unit="ms", samples=(0.05, 4.0, 0.1, 3.9, 0.2, 3.8))  # its interval dips below 0
+    h, j, points = case(
+        expectation(kind="speedup", baseline="slow", candidate="fast", at_least=10.0),
+        [({}, [wild, noisy("fast", 0.053, n=6, seed=2)])],
+    )
+    fig = plots.figure()
+    h.expect.plot(fig, j, points)
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    slow_mean = sum(wild.samples) / len(wild.samples)
+    lines = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert len(lines) == 1 and lines[0].get_xdata()[0] == pytest.approx(slow_mean / 10)  # where 10x would be
+    low, high = ax.get_xlim()
+    ends = [x for c in ax.collections for seg in c.get_segments() for x in (seg[0][0], seg[-1][0])]
+    assert ends and all(low <= x <= high for x in ends), (low, high, ends)  # no bar runs off the axis

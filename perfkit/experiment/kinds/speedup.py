@@ -93,8 +93,34 @@ class Speedup(Expect):
             values.append(est.value)
             errs[0].append(est.value - est.low)
             errs[1].append(est.high - est.value)
+        lows = [v - e for v, e in zip(values, errs[0])]
+        if any(low <= 0 for low in lows) and max(values) / max(min(values), 1e-300) > 10:
+            errs[0] = [e if v - e > 0 else v * 0.9 for v, e in zip(values, errs[0])]  # drawn to the axis, not past it
         ax.barh(names, values, xerr=errs, color=["#b0bec5", plots.COLORS[judgement.verdict]], capsize=4)
-        plots.log_if_spread(ax, values, "x")
+        # where the candidate would have to be for the claimed factor, against this baseline
+        faster_is_lower = units.dimension(unit) in units.LOWER_IS_FASTER
+        marks = []
+        for factor in (f for f in (self.at_least, self.at_most) if f):
+            at = values[0] / factor if faster_is_lower else values[0] * factor
+            marks.append(at)
+            ax.axvline(at, color=plots.CLAIMED, linestyle="--", linewidth=1.2)
+            ax.annotate(
+                f" claimed {units.format_factor(factor)}",
+                (at, 0.5),
+                xycoords=("data", "axes fraction"),
+                fontsize=7,
+                color=plots.CLAIMED,
+                rotation=90,
+                ha="left",
+                va="center",
+            )
+        plots.log_if_spread(ax, values + marks, "x")
+        edges = [v - e for v, e in zip(values, errs[0])] + [v + e for v, e in zip(values, errs[1])] + marks
+        if ax.get_xscale() == "log":
+            ax.set_xlim(min(x for x in edges if x > 0) / 1.5, max(edges) * 1.5)
+            plots.log_ticks(ax, "x")
+        else:
+            ax.set_xlim(0, max(edges) * 1.1)
         ax.set_xlabel(f"mean [{unit}], {judgement.measured.level()} interval")
         claim = range_text(self.at_least, self.at_most, units.format_factor)
         ax.set_title(f"speedup {units.format_factor(judgement.measured.value)}; claimed {claim}", fontsize=8)
