@@ -65,3 +65,14 @@ def test_the_report_renders_its_table_and_every_image_in_a_real_browser(project,
     assert table.count("<tr>") == hypotheses + 1  # the header and one row per hypothesis
     assert "no base" in dom  # no git here: the page says so instead of failing
     assert shot.stat().st_size > 10_000  # a screenshot with something on it
+
+
+def test_the_trend_strip_tells_two_runs_of_one_day_apart(project):
+    results = load_all_results(project)
+    ids = sorted({r.run_id for r in results})
+    same_day = [i for i in ids if i.startswith("20261201-")]
+    assert len(same_day) >= 2  # the shipped ledger has two runs of 2026-12-01
+    page = report.render(results, None, None)
+    for run_id in same_day[:2]:
+        clock = f"{run_id[9:11]}:{run_id[11:13]}"
+        assert f"<title>run {run_id}</title>2026-12-01<tspan x=" in page and f'dy="10">{clock}</tspan>' in page

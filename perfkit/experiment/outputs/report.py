@@ -51,6 +51,13 @@ def _verdict(verdict: str) -> str:
     return f'<span class="{_e(verdict)}">{_e(verdict)}</span>'
 
 
+def _when(run_id: str) -> tuple[str, str]:
+    """('2026-12-01', '13:58') from a run id '20261201-135845': two runs of one day told apart."""
+    if len(run_id) >= 13 and run_id[:8].isdigit() and run_id[8] == "-" and run_id[9:13].isdigit():
+        return f"{run_id[:4]}-{run_id[4:6]}-{run_id[6:8]}", f"{run_id[9:11]}:{run_id[11:13]}"
+    return run_id[:10], run_id[10:16]
+
+
 def _chart(runs: list[Entry]) -> str:
     """Each measurement's interval and point, run by run, as a small SVG (empty without two)."""
     shown = [e for e in runs if e.result.measured is not None]
@@ -60,7 +67,7 @@ def _chart(runs: list[Entry]) -> str:
     highs = [e.result.measured.high for e in shown]
     bottom, top = min(lows), max(highs)
     span = (top - bottom) or 1.0
-    width, height, pad = 60 * len(shown) + 40, 140, 20
+    width, height, pad = 60 * len(shown) + 40, 150, 30
 
     def y(v: float) -> float:
         return round(height - pad - (v - bottom) / span * (height - 2 * pad), 1)
@@ -71,7 +78,11 @@ def _chart(runs: list[Entry]) -> str:
         m = e.result.measured
         parts.append(f'<line x1="{x}" x2="{x}" y1="{y(m.low)}" y2="{y(m.high)}" stroke="#555" stroke-width="2"/>')
         parts.append(f'<circle cx="{x}" cy="{y(m.value)}" r="4" class="{_e(e.result.verdict)}" fill="currentColor"/>')
-        parts.append(f'<text x="{x}" y="{height - 4}" font-size="9" text-anchor="middle">{_e(e.run_id[4:8])}</text>')
+        day, clock = _when(e.run_id)
+        parts.append(
+            f'<text x="{x}" y="{height - 14}" font-size="9" text-anchor="middle"><title>run {_e(e.run_id)}</title>'
+            f'{_e(day)}<tspan x="{x}" dy="10">{_e(clock)}</tspan></text>'
+        )
     unit = shown[-1].result.measured.unit
     parts.append(f'<text x="2" y="12" font-size="10">{_e(units.format_quantity(top, unit))}</text>')
     parts.append(f'<text x="2" y="{height - pad}" font-size="10">{_e(units.format_quantity(bottom, unit))}</text>')
