@@ -442,3 +442,19 @@ def test_a_server_prints_its_lines_every_interval_and_at_once_on_sigusr1():
         for child in (periodic, on_demand, quiet):
             child.kill()
             child.wait()
+
+
+def test_the_outer_span_of_a_step_may_have_another_name(log):
+    with spans.capture(phases=("forward",), step="decode_step") as cap:
+        for _ in range(3):
+            with spans.span("decode_step"):
+                with spans.span("forward"):
+                    time.sleep(0.001)
+        with spans.span(STEP):  # a span called `step` is no step here
+            with spans.span("forward"):
+                pass
+    steps = cap.steps()
+    assert len(steps) == 3 and all(list(row) == [STEP, "forward", UNATTRIBUTED] for row in steps)
+    assert all(row["forward"] >= 0.001 and row[STEP] >= row["forward"] for row in steps)
+    with pytest.raises(ValueError, match="names a span"):
+        spans.capture(step="")

@@ -395,15 +395,17 @@ def timed(name: str | None = None):
 class Capture:
     """Every span that ran inside a `capture()` block, with decode steps grouped.
 
-    `samples(name)` gives one duration per occurrence; `steps()` one dict per `step` span with
+    `samples(name)` gives one duration per occurrence; `steps()` one dict per step span (`step`, or
+    the name given) with
     the step's duration, the time of each span that ran directly inside it (by name, whatever the
     name: a nested span's time is part of its parent's) and the unattributed remainder.
     `phases` declares the order names are shown in (default: the bundled engine's PHASES); names
     not declared follow, in the order first seen.
     """
 
-    def __init__(self, phases: tuple[str, ...] | list[str] | None = None) -> None:
+    def __init__(self, phases: tuple[str, ...] | list[str] | None = None, step: str = STEP) -> None:
         self.phases = tuple(PHASES if phases is None else phases)
+        self.step = step  # the name of the outer span of one step in the code measured
         self._occurrences: dict[str, list[dict]] = {}
         self._steps: list[dict] = []
         self._stack: list[str] = []  # names of the spans open inside this capture, innermost last
@@ -414,12 +416,12 @@ class Capture:
         record: dict = {}
         self._occurrences.setdefault(name, []).append(record)
         parent = self._stack[-1] if self._stack else None
-        depth = self._stack.count(STEP)
+        depth = self._stack.count(self.step)
         self._stack.append(name)
-        if name == STEP and depth == 0:
+        if name == self.step and depth == 0:
             self._steps.append({"__step__": record})
             return _Slot(record, "seconds")
-        if parent == STEP and depth == 1 and name not in (STEP, UNATTRIBUTED):
+        if parent == self.step and depth == 1 and name not in (self.step, UNATTRIBUTED):
             self._seen.setdefault(name, None)
             return _Multi(_Slot(record, "seconds"), _Slot(self._steps[-1], name))
         return _Slot(record, "seconds")
@@ -479,14 +481,18 @@ class _Multi:
 class capture:  # noqa: N801 - used as a context manager, reads like a function
     """Record every span inside the block, whatever `PERFKIT_PROFILE` says.
 
-    `capture(phases=("schedule", "forward"))` declares the order a step's phases are shown in.
+    `capture(phases=("schedule", "forward"))` declares the order a step's phases are shown in;
+    `capture(step="decode_step")` names the outer span of one step when the code measured does not
+    call it `step` (its rows still say `step`, the name the breakdown's records and shares use).
     """
 
-    def __init__(self, phases: tuple[str, ...] | list[str] | None = None) -> None:
-        self._phases = phases
+    def __init__(self, phases: tuple[str, ...] | list[str] | None = None, step: str = STEP) -> None:
+        if not isinstance(step, str) or not step.strip():
+            raise ValueError(f"capture(step=...) names a span, got {step!r}")
+        self._phases, self._step = phases, step
 
     def __enter__(self) -> Capture:
-        self._cap = Capture(self._phases)
+        self._cap = Capture(self._phases, self._step)
         _captures.append(self._cap)
         _refresh()
         return self._cap
