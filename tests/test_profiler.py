@@ -30,7 +30,7 @@ def test_start_stop_saves_a_chrome_trace_and_prints_top_operators(tmp_path, caps
     assert not profiler.active()
     trace = json.loads(path.read_text())
     names = {ev.get("name") for ev in trace["traceEvents"]}
-    assert "aten::mm" in names
+    assert "aten::mm" in names and trace["traceName"] == str(path)
     saved = json.loads((tmp_path / "run" / "probe.trace.json.top.json").read_text())
     assert saved["format_version"] == profiler.FORMAT_VERSION
     top = saved["operators"]
@@ -72,3 +72,19 @@ def test_top_operators_sort_by_device_time_on_cuda_and_share_all_cpu_time():
     table = profiler.format_top(by_dev)
     assert "self device ms" in table and "5.000" in table and " 10.0%" in table
     assert profiler.format_top([]) == "(no operators recorded)"
+
+
+def test_a_gz_trace_is_compressed_names_itself_and_is_the_same_bytes_for_the_same_trace(tmp_path):
+    import gzip
+
+    import torch
+
+    path = tmp_path / "run" / "torch_trace.json.gz"
+    profiler.start(str(path))
+    (torch.randn(64, 64) @ torch.randn(64, 64)).relu_()
+    assert profiler.stop() == str(path)
+    trace = json.loads(gzip.decompress(path.read_bytes()))
+    assert trace["traceName"] == str(path)  # not the scratch file torch wrote it to
+    assert "aten::mm" in {ev.get("name") for ev in trace["traceEvents"]}
+    assert profiler.top_path(path).name == "torch_trace.json.top.json" and profiler.top_path(path).is_file()
+    assert profiler._published(b'{"a": 1}', path) == profiler._published(b'{"a": 1}', path)  # no time inside

@@ -225,7 +225,7 @@ def test_profile_torch_saves_a_trace_in_the_execution(first):
     report, lines = rerun(project, ids=["fx-cost-confirmed"], profile="torch")
     assert report.executed == 1  # the profiled execution is a different one from the plain run
     (exec_dir,) = (project.runs_dir / report.run_id / "executions").glob("*/r0")
-    assert (exec_dir / "torch_trace.json").is_file()
+    assert (exec_dir / "torch_trace.json.gz").is_file()
     executed = nbformat.read(str(exec_dir / "executed.ipynb"), as_version=4)
     injected = [c for c in executed.cells if profiling.INJECTED_TAG in c.metadata.get("tags", [])]
     assert len(injected) == 2

@@ -74,7 +74,7 @@ class Profiled:
 def prepare(profile: str | None, notebook: Path, exec_dir: Path) -> Profiled:
     """How to run `notebook` under `profile` (None: as it is), its traces going to exec_dir."""
     if profile == "torch":
-        trace = exec_dir / "torch_trace.json"
+        trace = exec_dir / "torch_trace.json.gz"
         copy = profiled_notebook(notebook, exec_dir / "input.ipynb", str(trace))
         return Profiled(notebook=copy, env={"PERFKIT_TORCH_PROFILE": str(trace)})
     if profile == "nsys":

@@ -193,7 +193,7 @@ def profiler_check(torch, out_dir: Path) -> dict:
         a @ a
     torch.cuda.synchronize()
     profiler.stop(limit=5)
-    top = json.loads(trace.with_name(trace.name + ".top.json").read_text())["operators"]
+    top = json.loads(profiler.top_path(trace).read_text())["operators"]
     device_us = sum(r["self_device_us"] for r in top)
     return {"ok": device_us > 0, "trace": trace.name, "top": top[:5], "device_us": device_us}
 

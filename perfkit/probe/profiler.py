@@ -1,9 +1,10 @@
 """Hand a probe to torch.profiler: a Chrome trace of the whole execution and its top operators.
 
 `perfkit run --profile torch` injects `start(trace_path)` as the probe's first cell and
-`stop()` as its last: the whole execution is recorded, the Chrome trace (open it in Perfetto or
-chrome://tracing) is saved in the run, and the top operators are printed in the notebook and
-saved next to the trace as `<trace>.top.json`.
+`stop()` as its last: the whole execution is recorded, the Chrome trace (open it in Perfetto,
+chrome://tracing or TensorBoard; `.json.gz` in a run) is saved in the run with its own path as
+`traceName`, and the top operators are printed in the notebook and saved next to the trace as
+`<trace>.top.json`.
 
 Format history (`format_version`) of `<trace>.top.json`: 1: first format (the key was `format`); 2: `format_version`.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from perfkit.files import write_atomic, write_json
 
-__all__ = ["start", "stop", "active", "top_operators", "format_top", "FORMAT_VERSION"]
+__all__ = ["start", "stop", "active", "top_operators", "top_path", "format_top", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 2
 
@@ -58,14 +59,38 @@ def stop(*, limit: int = 15) -> str | None:
     prof.stop()
     path = Path(session["path"])
     with tempfile.TemporaryDirectory() as scratch:  # torch writes the trace to a path; write_atomic publishes it
-        exported = Path(scratch) / path.name
+        exported = Path(scratch) / "trace.json"
         prof.export_chrome_trace(str(exported))
-        write_atomic(path, exported.read_bytes())
+        data = exported.read_bytes()
+    write_atomic(path, _published(data, path))
     rows = top_operators(prof.key_averages(), limit=limit, by_device=session["cuda"])
-    write_json(path.with_name(path.name + ".top.json"), {"operators": rows}, version=FORMAT_VERSION)
+    write_json(top_path(path), {"operators": rows}, version=FORMAT_VERSION)
     print(f"torch.profiler trace: {path}")
     print(format_top(rows))
     return str(path)
+
+
+def top_path(trace: Path) -> Path:
+    """Where the top operators of a trace are saved: `<trace>.top.json`, a `.gz` left out of the name."""
+    name = trace.name[:-3] if trace.name.endswith(".gz") else trace.name
+    return trace.with_name(name + ".top.json")
+
+
+def _published(exported: bytes, path: Path) -> bytes:
+    """The trace as it is kept: its `traceName` the path it is kept at (torch wrote the scratch file's),
+    gzip-compressed (mtime 0: the same trace, the same bytes) when the path ends in `.gz`, which Perfetto,
+    chrome://tracing and TensorBoard open as they are."""
+    import gzip
+    import json
+
+    try:
+        trace = json.loads(exported)
+    except ValueError:
+        trace = None
+    if isinstance(trace, dict):
+        trace["traceName"] = str(path)
+        exported = json.dumps(trace).encode()
+    return gzip.compress(exported, mtime=0) if path.name.endswith(".gz") else exported
 
 
 def top_operators(averages, *, limit: int = 15, by_device: bool = False) -> list[dict]:
