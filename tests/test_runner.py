@@ -123,7 +123,7 @@ def test_ledger_check_passes_after_the_run(first, capsys):
     project, _, _ = first
     assert main(["--root", str(project.root), "ledger", "--check"]) == 0
     text = project.ledger_path.read_text()
-    assert "| `fx-cost-refuted` |" in text and "200x below the expected 0.2 s" in text
+    assert "| [`fx-cost-refuted`](#fx-cost-refuted) | ❌ refuted |" in text and "200x below the expected 0.2 s" in text
     assert "timed out after 15 s in cell 5" in text
 
 
@@ -298,7 +298,7 @@ def test_a_verdict_resting_on_a_busy_machine_is_inconclusive_and_the_fit_verdict
     before = load_all_results(project)
     plot = (project.plots_dir / "fx-cost-confirmed.png").read_bytes()
     row = next(
-        line for line in project.ledger_path.read_text().splitlines() if line.startswith("| `fx-cost-confirmed`")
+        line for line in project.ledger_path.read_text().splitlines() if line.startswith("| [`fx-cost-confirmed`]")
     )
     report, lines = rerun(
         project,
@@ -571,7 +571,7 @@ def test_four_runs_at_once_keep_every_ledger_row(tmp_path):
     text = project.ledger_path.read_text()
     assert text == ledger.render(load_all_results(project))  # the last writer saw every other run
     for hid, run_id in zip(ids, run_ids):
-        assert f"| `{hid}` |" in text and f"| {run_id} |" in text, (hid, run_id)
+        assert f"| [`{hid}`](#{hid}) |" in text and f"| {run_id} |" in text, (hid, run_id)
     assert main(["--root", str(root), "ledger", "--check"]) == 0
 
 
