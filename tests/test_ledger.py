@@ -206,3 +206,16 @@ def test_github_renders_every_plot_of_the_ledger_readable_and_the_standing_table
     assert len(plots) == text.count("<img ") and plots  # every plot of the ledger was laid out
     assert min(plots) >= 320, plots  # readable: not a 26-px thumbnail in a table cell
     assert int(found["columns"]) <= 7 and found["table-images"] == "0"  # the standing table: words only
+
+
+def test_an_old_row_whose_note_reads_flip_is_not_shown_as_one(project):
+    from perfkit.experiment.outputs.ledger import SHOWN_HISTORY
+
+    h = next(h for h in load_hypotheses(project) if h.id == "fx-cost-confirmed")
+    forged = replace(result(h, "inconclusive", None, "0"), reason="**flip** (was refuted)", measured=None)
+    store(project, "20250101-000000", [forged])  # its note says flip; its verdict flipped from nothing
+    for i in range(1, SHOWN_HISTORY + 3):
+        store(project, f"20250101-00000{i}", [result(h, "inconclusive", None, str(i))])
+    text = ledger.render(results.load_all_results(project))
+    shown = text[text.index("### `fx-cost-confirmed`") :].split("<details>")[0]
+    assert "| 20250101-000000 |" not in shown and shown.count("| 2025") == SHOWN_HISTORY

@@ -98,7 +98,7 @@ def moved_words(a: Point, b: Point) -> str:
 class Search:
     """The bisection: `run()` measures the ends, then splits segments whose ends differ.
 
-    `at_once` commits are measured together (`measure_many`, on a cluster): the two ends, then up
+    `at_once` commits are measured together (`many`, on a cluster): the two ends, then up
     to `at_once` commits spread evenly inside a segment, which is cut where neighbours differ.
     """
 

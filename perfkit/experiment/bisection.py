@@ -243,7 +243,6 @@ def run(project: Project, options: BisectOptions, *, say: Callable[[str], None] 
         f"to {commits[-1].short}; {options.replicates} to {options.most} replicates a commit; under "
         f"{project.relative(folder)}"
     )
-    outcome = bisect.Outcome()
     with worktrees.Worktrees(top, folder / "worktrees") as trees:
         measure = Measurer(project, options, commits, trees, say)
         many = measure.many if options.at_once > 1 else None

@@ -40,6 +40,11 @@ HEADER = (
 SHOWN_HISTORY = 5  # measurements per hypothesis shown in History before the collapsed rest
 
 
+def _flipped(entry: Entry, previous: Entry | None) -> bool:
+    """Whether this measurement's verdict differs from the fit one before it (an attempt never flips)."""
+    return not attempt(entry) and previous is not None and previous.result.verdict != entry.result.verdict
+
+
 def _history_row(entry: Entry, previous: Entry | None) -> str:
     """One row; `previous` is the fit measurement before it (an attempt is never a flip)."""
     notes = []
@@ -85,7 +90,7 @@ def _against(result) -> str:
     return f"{measured} vs {result.expected}" if measured else f"nothing measured (expected {result.expected})"
 
 
-def _section(hid: str, latest: Entry, rows: list[str]) -> list[str]:
+def _section(hid: str, latest: Entry, rows: list[str], flipped: list[bool]) -> list[str]:
     """A hypothesis's own section: its verdict in words, the evidence, its plot at a readable width, its history."""
     r = latest.result
     said = [f"{verdict_words(r)}: {r.claim}", f"Measured {_against(r)}"]
@@ -102,7 +107,7 @@ def _section(hid: str, latest: Entry, rows: list[str]) -> list[str]:
         ]
     header = ["| run | how | verdict | measured [95% interval] | note |", "|---|---|---|---|---|"]
     older = rows[:-SHOWN_HISTORY]
-    flips = [row for row in older if "**flip**" in row]
+    flips = [row for row, flip in zip(older, flipped) if flip]  # from the verdicts, never from a row's text
     lines += [*header, *flips, *rows[-SHOWN_HISTORY:], ""]
     if older:
         lines += [f"<details><summary>all {len(rows)} measurements</summary>", "", *header, *rows, "", "</details>", ""]
@@ -159,7 +164,8 @@ def render(all_results: list[RunResults]) -> str:
         "",
     ]
     for hid, runs in entries.items():
-        lines += _section(hid, standing(runs), [_history_row(e, before(runs, e)) for e in runs])
+        rows = [_history_row(e, before(runs, e)) for e in runs]
+        lines += _section(hid, standing(runs), rows, [_flipped(e, before(runs, e)) for e in runs])
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
