@@ -23,10 +23,8 @@ two reports; a report is one write, so processes sharing a log never split each 
 On CUDA (when torch has initialised CUDA), a span records a pair of CUDA events instead of reading
 the host clock, and the events are resolved later (at a log line only those already complete, at
 `flush()` or at the end of `capture()` all of them), so there is no device synchronisation per
-call. Each span is also an NVTX range, so `nsys profile` shows the phases by name. While a
-torch.profiler session runs, each span is also a `record_function` annotation, so the trace
-(Perfetto, chrome://tracing) shows every phase by name beside the aten ops; when no profiler runs
-that costs one check.
+call. Each span is also an NVTX range (`nsys profile` shows the phases by name) and, while a
+torch.profiler session runs, a `record_function` annotation (one check when none runs).
 
 A step's phases are the spans that run directly inside a `step` span, whatever their names
 (`capture().steps()`); the bundled engine's PHASES only fix the order they are shown in.
@@ -395,8 +393,7 @@ def timed(name: str | None = None):
 class Capture:
     """Every span that ran inside a `capture()` block, with decode steps grouped.
 
-    `samples(name)` gives one duration per occurrence; `steps()` one dict per step span (`step`, or
-    the name given) with
+    `samples(name)` gives one duration per occurrence; `steps()` one dict per step span with
     the step's duration, the time of each span that ran directly inside it (by name, whatever the
     name: a nested span's time is part of its parent's) and the unattributed remainder.
     `phases` declares the order names are shown in (default: the bundled engine's PHASES); names
@@ -404,8 +401,7 @@ class Capture:
     """
 
     def __init__(self, phases: tuple[str, ...] | list[str] | None = None, step: str = STEP) -> None:
-        self.phases = tuple(PHASES if phases is None else phases)
-        self.step = step  # the name of the outer span of one step in the code measured
+        self.phases, self.step = tuple(PHASES if phases is None else phases), step  # step: the outer span's name
         self._occurrences: dict[str, list[dict]] = {}
         self._steps: list[dict] = []
         self._stack: list[str] = []  # names of the spans open inside this capture, innermost last
@@ -482,8 +478,7 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
     """Record every span inside the block, whatever `PERFKIT_PROFILE` says.
 
     `capture(phases=("schedule", "forward"))` declares the order a step's phases are shown in;
-    `capture(step="decode_step")` names the outer span of one step when the code measured does not
-    call it `step` (its rows still say `step`, the name the breakdown's records and shares use).
+    `capture(step="decode_step")` takes another outer span for a step (its rows still say `step`).
     """
 
     def __init__(self, phases: tuple[str, ...] | list[str] | None = None, step: str = STEP) -> None:
