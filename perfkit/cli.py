@@ -385,7 +385,11 @@ def _bisect(project, args) -> int:
         cluster=args.cluster,
         probe_from=args.probe_from,
     )
-    found = bisection.run(project, options, say=lambda line: print(line, file=sys.stderr, flush=True))
+    def say(line: str) -> None:  # one write a line: commits measured at once speak from threads of their own
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    found = bisection.run(project, options, say=say)
     write_plot(found.folder / "bisect.png", shown.plot(found))
     if args.json:
         print(dumps({**found.to_json(), "folder": project.relative(found.folder)}), end="")

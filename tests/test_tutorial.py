@@ -31,7 +31,7 @@ def test_readme_tutorial_gives_a_verdict(tmp_path, capsys):
     assert re.search(r"\b(confirmed|refuted)\b", verdict_line), verdict_line
     assert "measured" in verdict_line and "ms" in verdict_line
     ledger = (tmp_path / "hypotheses" / "LEDGER.md").read_text()
-    assert f"| `{hid}` |" in ledger
+    assert f"| [`{hid}`](#{hid}) |" in ledger
     assert (tmp_path / "hypotheses" / "ledger" / "plots" / f"{hid}.png").is_file()
     assert main(root + ["show", hid]) == 0
     assert main(root + ["new", "probe", "sort_speed"]) == 2  # never overwrites
