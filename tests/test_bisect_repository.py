@@ -17,6 +17,7 @@ import pytest
 from test_own_repository import add_probe, own_repository, perfkit, sh
 
 HID = "ownlib-work-under-8ms"
+FEW = ("--replicates", "2")  # 4 ms against 12 ms of sleep: two processes a commit tell them apart (4 to name one)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,11 @@ def test_an_interrupted_bisect_keeps_its_measurements_and_removes_its_worktrees(
     before = state(repo)
     env = {k: v for k, v in installed.items() if not k.startswith("_")}
     proc = subprocess.Popen(
-        ["perfkit", "bisect", HID, "--good", shas[0]], cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        ["perfkit", "bisect", HID, "--good", shas[0], *FEW],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     for line in proc.stderr:  # the two ends measured, the middle started: interrupt it there
         if b"(6 of 12)" in line:
@@ -75,14 +80,14 @@ def test_an_interrupted_bisect_keeps_its_measurements_and_removes_its_worktrees(
     (record,) = (repo / "runs" / "bisect").glob("*/bisect.json")
     kept = json.loads(record.read_text())
     assert kept["verdict"] == "interrupted"
-    assert [c["replicates"] for c in kept["commits"] if c["measured"]] == [3, 3]  # the two ends
+    assert [c["replicates"] for c in kept["commits"] if c["measured"]] == [2, 2]  # the two ends
     assert not (record.parent / "worktrees").exists()
 
 
 def test_bisect_names_the_8th_of_12_commits_skips_the_broken_one_and_leaves_the_repository_alone(history, installed):
     repo, shas = history
     before = state(repo)
-    done = perfkit(repo, installed, "bisect", HID, "--good", shas[0], "--json", check=False)
+    done = perfkit(repo, installed, "bisect", HID, "--good", shas[0], *FEW, "--json", check=False)
     if done.returncode != 0 and busy(done):
         pytest.skip("the machine was busy while a commit was measured")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -101,7 +106,7 @@ def test_bisect_names_the_8th_of_12_commits_skips_the_broken_one_and_leaves_the_
 
 def test_a_second_bisect_reuses_every_measurement_and_writes_markdown_for_a_pull_request(history, installed):
     repo, shas = history
-    done = perfkit(repo, installed, "bisect", HID, "--good", shas[0], "--md", check=False)
+    done = perfkit(repo, installed, "bisect", HID, "--good", shas[0], *FEW, "--md", check=False)
     if done.returncode != 0 and busy(done):
         pytest.skip("the machine was busy while a commit was measured")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -131,7 +136,7 @@ def test_bisect_refuses_what_it_cannot_bisect_before_measuring(history, installe
 def test_probe_from_commit_reads_each_commits_own_record_and_probe(history, installed):
     repo, shas = history
     done = perfkit(
-        repo, installed, "bisect", HID, "--good", shas[6], "--bad", shas[7], "--probe-from", "commit", check=False
+        repo, installed, "bisect", HID, "--good", shas[6], "--bad", shas[7], "--probe-from", "commit", *FEW, check=False
     )
     if done.returncode != 0 and busy(done):
         pytest.skip("the machine was busy while a commit was measured")
@@ -156,6 +161,7 @@ def test_on_a_cluster_several_commits_are_measured_at_once(history, installed):
         "local:2",
         "--jobs",
         "2",
+        *FEW,
         check=False,
     )
     if done.returncode != 0 and busy(done):
@@ -164,6 +170,6 @@ def test_on_a_cluster_several_commits_are_measured_at_once(history, installed):
     assert f"culprit: {shas[7][:10]} 'commit 8' (after {shas[6][:10]}): " in done.stdout
     said = [line for line in done.stderr.splitlines() if line.startswith("bisect: ")]
     # the two commits inside the range are asked for together, before either has an answer
-    started = [i for i, line in enumerate(said) if line.endswith(", 3 replicates")]
+    started = [i for i, line in enumerate(said) if line.endswith(", 2 replicates")]
     assert "(2 of 5)" in said[started[2]] and "(3 of 5)" in said[started[3]] and started[3] == started[2] + 1
     assert state(repo)[2].count("worktree ") == 1  # the cluster's runs left no worktree behind
