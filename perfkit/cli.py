@@ -385,6 +385,7 @@ def _bisect(project, args) -> int:
         cluster=args.cluster,
         probe_from=args.probe_from,
     )
+
     def say(line: str) -> None:  # one write a line: commits measured at once speak from threads of their own
         sys.stderr.write(line + "\n")
         sys.stderr.flush()

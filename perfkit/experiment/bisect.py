@@ -151,7 +151,7 @@ class Search:
             if not self.grow(0, last):
                 self.out.verdict = "no change"
                 self.out.words = (
-                    f"no change found: the two ends cannot be told apart with {self.most} replicates each "
+                    f"the two ends cannot be told apart with {self.most} replicates each "
                     f"({self.at(0).result.measured.text()} and {self.at(last).result.measured.text()})"
                 )
                 return self.out

@@ -14,6 +14,7 @@ VERDICT_WORDS = {
     "unmeasured": "could not measure an end",
     "interrupted": "interrupted",
 }
+HEADERS = ("commit", "subject", "verdict", "measured [interval]", "replicates")
 
 
 def rows(b: Bisected) -> list[tuple[str, str, str, str, str]]:
@@ -57,9 +58,6 @@ def text(b: Bisected) -> str:
         lines.append(f"culprit: {line}" if not line.startswith("undecided") else line)
     lines.append(f"the record and plot: {b.folder}/bisect.json, bisect.png")
     return "\n".join(lines) + "\n"
-
-
-HEADERS = ("commit", "subject", "verdict", "measured [interval]", "replicates")
 
 
 def markdown(b: Bisected) -> str:
