@@ -93,16 +93,21 @@ class Speedup(Expect):
             values.append(est.value)
             errs[0].append(est.value - est.low)
             errs[1].append(est.high - est.value)
-        lows = [v - e for v, e in zip(values, errs[0])]
-        if any(low <= 0 for low in lows) and max(values) / max(min(values), 1e-300) > 10:
-            errs[0] = [e if v - e > 0 else v * 0.9 for v, e in zip(values, errs[0])]  # drawn to the axis, not past it
-        ax.barh(names, values, xerr=errs, color=["#b0bec5", plots.COLORS[judgement.verdict]], capsize=4)
         # where the candidate would have to be for the claimed factor, against this baseline
         faster_is_lower = units.dimension(unit) in units.LOWER_IS_FASTER
-        marks = []
-        for factor in (f for f in (self.at_least, self.at_most) if f):
-            at = values[0] / factor if faster_is_lower else values[0] * factor
-            marks.append(at)
+        marks = [values[0] / f if faster_is_lower else values[0] * f for f in (self.at_least, self.at_most) if f]
+        lows = [v - e for v, e in zip(values, errs[0])]
+        edges = [x for x in lows if x > 0] + values + [v + e for v, e in zip(values, errs[1])] + marks
+        plots.log_if_spread(ax, values + marks, "x")
+        log = ax.get_xscale() == "log"
+        left = min(edges) / 1.5 if log else 0.0
+        cut = log and any(low <= left for low in lows)
+        errs[0] = [v - left if log and low <= left else e for v, e, low in zip(values, errs[0], lows)]
+        ax.barh(names, values, xerr=errs, color=["#b0bec5", plots.COLORS[judgement.verdict]], capsize=4)
+        ax.set_xlim(left, max(edges) * (1.5 if log else 1.1))
+        if log:
+            plots.log_ticks(ax, "x")
+        for factor, at in zip((f for f in (self.at_least, self.at_most) if f), marks):
             ax.axvline(at, color=plots.CLAIMED, linestyle="--", linewidth=1.2)
             ax.annotate(
                 f" claimed {units.format_factor(factor)}",
@@ -114,13 +119,15 @@ class Speedup(Expect):
                 ha="left",
                 va="center",
             )
-        plots.log_if_spread(ax, values + marks, "x")
-        edges = [v - e for v, e in zip(values, errs[0])] + [v + e for v, e in zip(values, errs[1])] + marks
-        if ax.get_xscale() == "log":
-            ax.set_xlim(min(x for x in edges if x > 0) / 1.5, max(edges) * 1.5)
-            plots.log_ticks(ax, "x")
-        else:
-            ax.set_xlim(0, max(edges) * 1.1)
+        if cut:  # an interval reaching to 0 or below: drawn to the axis's edge, and said
+            ax.text(
+                0.0,
+                -0.32,
+                "an interval reaching 0 or below runs off the left edge",
+                transform=ax.transAxes,
+                fontsize=6.5,
+                color="#616161",
+            )
         ax.set_xlabel(f"mean [{unit}], {judgement.measured.level()} interval")
         claim = range_text(self.at_least, self.at_most, units.format_factor)
         ax.set_title(f"speedup {units.format_factor(judgement.measured.value)}; claimed {claim}", fontsize=8)
