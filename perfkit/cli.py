@@ -93,6 +93,9 @@ def _review_commands(sub) -> None:
     rep = sub.add_parser("report", help="a static HTML page of the ledger: table, plots, history, changes")
     rep.add_argument("--out", default=None, metavar="DIR", help="where to write index.html (default runs/report)")
     rep.add_argument("--base", default="auto", help="compare against this git revision or results folder")
+    rep.add_argument(
+        "--single-file", action="store_true", help="the plots inside index.html: one file to attach or mail"
+    )
 
     led = sub.add_parser("ledger", help="regenerate hypotheses/LEDGER.md from the stored results")
     led.add_argument("--check", action="store_true", help="exit 1 when the ledger or a verdict is out of date")
@@ -277,7 +280,7 @@ def _report(project, args) -> int:
         raise UserError(f"report --out {out}: {linked[0]} is a symbolic link; the report writes only its own files")
     results = load_all_results(project)
     try:
-        page = report.write(project, out, results, base=args.base)
+        page = report.write(project, out, results, base=args.base, single_file=args.single_file)
     except OSError as exc:
         raise UserError(f"report --out {out}: cannot write {exc.filename or out}: {exc.strerror or exc}") from None
     print(f"wrote {page}")

@@ -76,3 +76,17 @@ def test_the_trend_strip_tells_two_runs_of_one_day_apart(project):
     for run_id in same_day[:2]:
         clock = f"{run_id[9:11]}:{run_id[11:13]}"
         assert f"<title>run {run_id}</title>2026-12-01<tspan x=" in page and f'dy="10">{clock}</tspan>' in page
+
+
+def test_a_single_file_report_holds_its_plots_and_a_table_of_contents(project, tmp_path, capsys):
+    out = tmp_path / "single"
+    assert main(["--root", str(project.root), "report", "--out", str(out), "--single-file"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["index.html"]  # nothing beside it
+    page = (out / "index.html").read_text()
+    hypotheses = len(list(project.hypotheses_dir.glob("*.yaml")))
+    assert page.count('src="data:image/png;base64,') == 2 * hypotheses and 'src="plots/' not in page
+    contents = page[page.index('<nav id="contents">') : page.index("</nav>")]
+    assert contents.count('<li><a href="#') == hypotheses + 2  # changes, verdicts, then each hypothesis
+    dom = browser_dom(out / "index.html")
+    images = re.search(r'<body data-images="ok (\d+) broken (\d+)"', dom)
+    assert images and images.groups() == (str(2 * hypotheses), "0")  # every inlined plot decodes

@@ -1,16 +1,19 @@
 """`perfkit report`: the ledger as one static HTML page to look at, with every plot and history.
 
-The page (index.html, with the plots copied beside it under plots/) is made from the committed
-results alone, like LEDGER.md, so the same results give the same bytes. It holds the table of
-standing verdicts with thumbnails, what changed against a base (`perfkit diff`), and per
+The page (index.html, with the plots copied beside it under plots/, or inside it as data: URIs
+with `--single-file`) is made from the committed results alone, like LEDGER.md, so the same
+results give the same bytes. It opens with a table of contents and holds the table of standing
+verdicts with thumbnails, what changed against a base (`perfkit diff`), and per
 hypothesis its plot, its measurements over time (an SVG of each interval, run by run) and its
 history. No script or style is fetched from anywhere: it opens from a file, offline.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from perfkit import units
@@ -90,7 +93,26 @@ def _chart(runs: list[Entry]) -> str:
     return "".join(parts)
 
 
-def render(all_results: list[RunResults], changes: list[diffs.Change] | None, base_name: str | None) -> str:
+def _contents(entries: dict, changes: list[diffs.Change] | None, base_name: str | None) -> str:
+    """The table of contents: the changes, the standing verdicts, then every hypothesis with its verdict."""
+    items = ['<li><a href="#changes">Changes</a></li>'] if changes is not None or base_name else []
+    items.append('<li><a href="#verdicts">Standing verdicts</a><ul>')
+    for hid, runs in entries.items():
+        items.append(
+            f'<li><a href="#{_e(hid)}"><code>{_e(hid)}</code></a> {_verdict(standing(runs).result.verdict)}</li>'
+        )
+    items.append("</ul></li>")
+    return '<nav id="contents"><h2>Contents</h2><ul>' + "".join(items) + "</ul></nav>"
+
+
+def render(
+    all_results: list[RunResults],
+    changes: list[diffs.Change] | None,
+    base_name: str | None,
+    image: Callable[[str], str] | None = None,
+) -> str:
+    """The page; `image(plot)` gives each plot's src (default: its path beside the page, plots/ID.png)."""
+    image = image or url
     entries = history(all_results)
     out = [
         "<!doctype html>",
@@ -101,12 +123,13 @@ def render(all_results: list[RunResults], changes: list[diffs.Change] | None, ba
         + ("95% unless marked" if other_levels([e.result for runs in entries.values() for e in runs]) else "95%")
         + "; a verdict is confirmed when the whole interval satisfies the claim, refuted when the whole interval "
         "violates it.</p>",
+        _contents(entries, changes, base_name),
     ]
     if changes is None and base_name:
-        out.append(f"<h2>Changes</h2><p>Not compared: {_e(base_name)}.</p>")
+        out.append(f'<h2 id="changes">Changes</h2><p>Not compared: {_e(base_name)}.</p>')
     if changes is not None:
         changed = [c for c in changes if c.kind != "unchanged"]
-        out.append(f"<h2>Changes against <code>{_e(base_name)}</code></h2>")
+        out.append(f'<h2 id="changes">Changes against <code>{_e(base_name)}</code></h2>')
         if changed:
             out.append(
                 '<table id="changes"><tr><th>change</th><th>hypothesis</th><th>verdict</th>'
@@ -130,7 +153,9 @@ def render(all_results: list[RunResults], changes: list[diffs.Change] | None, ba
     for hid, runs in entries.items():
         e = standing(runs)
         r = e.result
-        thumb = f'<a href="#{_e(hid)}"><img src="{_e(url(r.plot))}" width="120" alt="{_e(hid)}"></a>' if r.plot else "—"
+        thumb = (
+            f'<a href="#{_e(hid)}"><img src="{_e(image(r.plot))}" width="120" alt="{_e(hid)}"></a>' if r.plot else "—"
+        )
         out.append(
             f'<tr><td><a href="#{_e(hid)}"><code>{_e(hid)}</code></a></td><td>{_e(r.claim)}</td>'
             f"<td>{_e(r.expected)}</td><td>{_e(measured_text(r))}</td><td>{_e(evidence_text(r))}</td>"
@@ -145,7 +170,7 @@ def render(all_results: list[RunResults], changes: list[diffs.Change] | None, ba
             f"<p>{_e(r.claim)}</p>",
         ]
         if r.plot:
-            out.append(f'<img src="{_e(url(r.plot))}" alt="plot of {_e(hid)}" style="max-width: 100%">')
+            out.append(f'<img src="{_e(image(r.plot))}" alt="plot of {_e(hid)}" style="max-width: 100%">')
         out.append(_chart(runs))
         out.append("<table><tr><th>run</th><th>how</th><th>verdict</th><th>measured [95% interval]</th></tr>")
         for e in runs:
@@ -158,8 +183,28 @@ def render(all_results: list[RunResults], changes: list[diffs.Change] | None, ba
     return "\n".join(out) + "\n"
 
 
-def write(project: Project, out_dir: Path, all_results: list[RunResults], base: str | None = "auto") -> Path:
-    """index.html and its plots under out_dir; against `base` ("auto": the merge base, None: no diff)."""
+def inlined(project: Project) -> Callable[[str], str]:
+    """A plot as a data: URI of its bytes (a missing plot: its path, which shows as a broken image)."""
+
+    def image(plot: str) -> str:
+        path = project.ledger_dir / plot
+        if not path.is_file():
+            return url(plot)
+        return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+    return image
+
+
+def write(
+    project: Project,
+    out_dir: Path,
+    all_results: list[RunResults],
+    base: str | None = "auto",
+    *,
+    single_file: bool = False,
+) -> Path:
+    """index.html and its plots under out_dir; against `base` ("auto": the merge base, None: no diff).
+    `single_file`: the plots inside the page (data: URIs), one file to attach or mail."""
     changes, base_name = None, None
     if base is not None:
         try:
@@ -170,10 +215,10 @@ def write(project: Project, out_dir: Path, all_results: list[RunResults], base: 
                 raise
             base_name, changes = f"no base ({exc})", None
     out_dir.mkdir(parents=True, exist_ok=True)
-    if project.plots_dir.is_dir():
+    if project.plots_dir.is_dir() and not single_file:
         (out_dir / "plots").mkdir(exist_ok=True)
         for plot in sorted(project.plots_dir.glob("*.png")):
             shutil.copyfile(plot, out_dir / "plots" / plot.name)
     page = out_dir / "index.html"
-    write_atomic(page, render(all_results, changes, base_name))
+    write_atomic(page, render(all_results, changes, base_name, inlined(project) if single_file else None))
     return page
