@@ -1,9 +1,11 @@
 """`perfkit bisect` in a user's repository, from a fresh clone, with perfkit pip-installed (not this checkout).
 
-Known truth: twelve commits; the 8th makes ownlib.work() 3x slower (4 ms -> 12 ms); the 6th breaks
-the import (its probe fails) and the 7th mends it; every other commit only adds a comment. The
-bisect must name the 8th, skip the 6th with its reason, exit 0, and leave HEAD, the index and the
-work tree as they were. Interrupted, it keeps what it measured; run again, it reuses it.
+Known truth: twelve commits. The 4th makes ownlib.work() noisy (each call 0.8x to 1.2x) without
+changing its mean; the 6th breaks the import (its probe fails) and the 7th mends it; the 8th makes
+work() 3x slower (4 ms -> 12 ms) and the 11th 3x slower again (36 ms); every other commit only adds
+a comment. The bisect must name the 8th and the 11th, never the noisy one, skip the 6th with its
+reason, exit 0, and leave HEAD, the index and the work tree as they were. Interrupted, it keeps
+what it measured; run again, it reuses it.
 """
 
 from __future__ import annotations
@@ -31,12 +33,16 @@ def history(tmp_path_factory, installed) -> tuple[Path, list[str]]:
     source = origin / "ownlib" / "__init__.py"
     for n in range(2, 13):
         text = source.read_text()
-        if n == 6:
+        if n == 4:  # noisy, the same mean
+            text = "import random\n" + text.replace("sleep(0.004)", "sleep(0.004 * random.uniform(0.8, 1.2))")
+        elif n == 6:
             text = "raise ImportError('broken on purpose')\n" + text
         elif n == 7:
             text = text.replace("raise ImportError('broken on purpose')\n", "")
         elif n == 8:
-            text = text.replace("sleep(0.004)", "sleep(0.012)")
+            text = text.replace("sleep(0.004 *", "sleep(0.012 *")
+        elif n == 11:
+            text = text.replace("sleep(0.012 *", "sleep(0.036 *")
         source.write_text(text + f"# comment {n}\n")
         sh(origin, "git", "commit", "-q", "-am", f"commit {n}")
     shas = sh(origin, "git", "log", "--reverse", "--format=%H").stdout.split()
@@ -84,7 +90,9 @@ def test_an_interrupted_bisect_keeps_its_measurements_and_removes_its_worktrees(
     assert not (record.parent / "worktrees").exists()
 
 
-def test_bisect_names_the_8th_of_12_commits_skips_the_broken_one_and_leaves_the_repository_alone(history, installed):
+def test_bisect_names_the_8th_and_11th_not_the_noisy_one_skips_the_broken_one_and_leaves_the_repo_alone(
+    history, installed
+):
     repo, shas = history
     before = state(repo)
     done = perfkit(repo, installed, "bisect", HID, "--good", shas[0], *FEW, "--json", check=False)
@@ -93,9 +101,11 @@ def test_bisect_names_the_8th_of_12_commits_skips_the_broken_one_and_leaves_the_
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     found = json.loads(done.stdout)
     assert found["verdict"] == "found"
-    (change,) = found["changes"]
-    assert (change["before"], change["after"]) == (shas[6], shas[7])  # the 8th commit, after the 7th
-    assert change["decided"] and change["moved"].endswith("x higher")
+    eighth, eleventh = found["changes"]
+    assert (eighth["before"], eighth["after"]) == (shas[6], shas[7])  # the 8th commit, after the 7th
+    assert (eleventh["before"], eleventh["after"]) == (shas[9], shas[10])  # and the 11th: two culprits
+    assert all(c["decided"] and c["moved"].endswith("x higher") for c in (eighth, eleventh))
+    assert shas[3] not in {c[k] for c in found["changes"] for k in ("before", "after")}  # noisy, not blamed
     commits = {c["sha"]: c for c in found["commits"]}
     assert commits[shas[5]]["skipped"].startswith("error: ") and "broken on purpose" in commits[shas[5]]["skipped"]
     assert commits[shas[7]]["verdict"] == "refuted" and commits[shas[6]]["verdict"] == "confirmed"
@@ -117,6 +127,7 @@ def test_a_second_bisect_reuses_every_measurement_and_writes_markdown_for_a_pull
     md = done.stdout
     assert md.startswith(f"### perfkit bisect `{HID}`: found where it changed")
     assert f"- {shas[7][:10]} 'commit 8' (after {shas[6][:10]}): " in md
+    assert f"- {shas[10][:10]} 'commit 11' (after {shas[9][:10]}): " in md
     assert "| commit | subject | verdict | measured [interval] | replicates |" in md
     assert f"| `{shas[5][:10]}` | commit 6 | skipped | error: " in md
 
@@ -156,7 +167,7 @@ def test_on_a_cluster_several_commits_are_measured_at_once(history, installed):
         "--good",
         shas[6],
         "--bad",
-        shas[10],
+        shas[9],
         "--cluster",
         "local:2",
         "--jobs",
@@ -171,5 +182,5 @@ def test_on_a_cluster_several_commits_are_measured_at_once(history, installed):
     said = [line for line in done.stderr.splitlines() if line.startswith("bisect: ")]
     # the two commits inside the range are asked for together, before either has an answer
     started = [i for i, line in enumerate(said) if line.endswith(", 2 replicates")]
-    assert "(2 of 5)" in said[started[2]] and "(3 of 5)" in said[started[3]] and started[3] == started[2] + 1
+    assert "(2 of 4)" in said[started[2]] and "(3 of 4)" in said[started[3]] and started[3] == started[2] + 1
     assert state(repo)[2].count("worktree ") == 1  # the cluster's runs left no worktree behind
