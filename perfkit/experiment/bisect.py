@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from perfkit.experiment.compare import move
+from perfkit.experiment.compare import move, move_words
 from perfkit.experiment.results import HypothesisResult
 from perfkit.experiment.verdict import UNFIT_REASON
 
@@ -89,8 +89,6 @@ def differ(a: Point, b: Point) -> bool:
 
 def moved_words(a: Point, b: Point) -> str:
     """How far the measurement moved from a to b: '3.0x higher', '+0.41'."""
-    from perfkit.experiment.compare import move_words
-
     factor, shift = move(a.result, b.result)
     return move_words(factor, shift) or "within the noise"
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.errors import UserError
-from perfkit.experiment import bisect, runner, worktrees
+from perfkit.experiment import bisect, rundir, runner, worktrees
 from perfkit.experiment import cluster as remote
 from perfkit.experiment.hypothesis import MAX_REPLICATES, load_hypotheses
 from perfkit.experiment.options import RunOptions, check_cluster
@@ -126,20 +126,6 @@ def default_good(project: Project, hid: str) -> tuple[str, str]:
     raise UserError(f"the ledger has no run in which {hid} was confirmed at a known commit: give --good REV")
 
 
-def _stamp(project: Project) -> Path:
-    base = project.runs_dir / "bisect"
-    base.mkdir(parents=True, exist_ok=True)
-    now = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    for n in range(1, 1000):
-        folder = base / (now if n == 1 else f"{now}-{n}")
-        try:
-            folder.mkdir()
-        except FileExistsError:
-            continue
-        return folder
-    raise UserError(f"cannot find a free folder under {project.relative(base)}")
-
-
 class Measurer:
     """measure(index, replicates) for the search: one perfkit run of the hypothesis at that commit."""
 
@@ -237,7 +223,7 @@ def run(project: Project, options: BisectOptions, *, say: Callable[[str], None] 
     if good is None:
         good, good_from = default_good(project, options.id)
     commits = worktrees.between(top, worktrees.resolve(top, good), worktrees.resolve(top, options.bad))
-    folder = _stamp(project)
+    folder = rundir.claim_folder(project.runs_dir / "bisect", datetime.now(UTC))
     say(
         f"bisect {options.id}: {len(commits)} commits from {commits[0].short} (good: {good_from}) "
         f"to {commits[-1].short}; {options.replicates} to {options.most} replicates a commit; under "

@@ -244,10 +244,9 @@ def _launch(
     child_env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(job.kernel_dir), os.environ.get("JUPYTER_PATH")) if p)
     child_env.pop("MPLBACKEND", None)  # let the kernel use its inline backend so figures land in the notebook
     child_env.update(job.env)
-    # the kernel (and whatever it starts) imports the project's own code without it being installed
-    first = [str(p) for p in kernel.import_paths(job.code_root)]
-    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (*first, child_env.get("PYTHONPATH")) if p)
-    child_env[kernel.CODE_ROOT_ENV] = str(job.code_root)  # the kernel puts it first, not the notebook's project
+    # the kernel puts the code under test first on its import path and on PYTHONPATH for what it starts
+    # (kernel.on_path): this root, not the project the notebook's folder is in
+    child_env[kernel.CODE_ROOT_ENV] = str(job.code_root)
     child_env[kernel.OUTPUT_CAP_ENV] = str(OUTPUT_CAP_BYTES)  # the kernel cuts a flood before it reaches us
     with open(log_path, "wb") as log:
         with _live_lock:  # started and known at once: kill_all either sees it or it never starts

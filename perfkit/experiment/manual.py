@@ -110,15 +110,12 @@ def judge_notebook(project: Project, path: Path, ids: list[str] | None = None) -
         judgement = judge(h, [execution])
         if unfit and judgement.verdict is not Verdict.ERROR:  # measured on a busy machine: not evidence
             judgement = replace(judgement, verdict=Verdict.INCONCLUSIVE, off_by=None, reason=f"{UNFIT_REASON}: {unfit}")
-        counts = {k: v for k, v in differs.items() if k in SAMPLE_COUNTS}
-        if counts and len(counts) == len(differs):  # the same experiment, more or fewer samples of it
-            ran = ", ".join(f"{k}={v[1]!r}" for k, v in counts.items())
-            asked = ", ".join(f"{k}={v[0]!r}" for k, v in counts.items())
+        ran = ", ".join(f"{k}={v[1]!r}" for k, v in differs.items())
+        asked = ", ".join(f"{k}={v[0]!r}" for k, v in differs.items())
+        if differs and all(k in SAMPLE_COUNTS for k in differs):  # the same experiment, more or fewer samples
             note = f"sample counts differ from the record's ({ran}; it asks {asked}): judged on the samples taken"
             judgement = replace(judgement, warnings=(note, *judgement.warnings))
         elif differs:  # another experiment than the one the claim names: no verdict on the claim
-            ran = ", ".join(f"{k}={v[1]!r}" for k, v in differs.items())
-            asked = ", ".join(f"{k}={v[0]!r}" for k, v in differs.items())
             judgement = replace(
                 judgement,
                 verdict=Verdict.INCONCLUSIVE,

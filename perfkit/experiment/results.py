@@ -432,9 +432,13 @@ def read_execution(path: Path, shown: str | None = None) -> Execution:
 def stamp(result: HypothesisResult) -> str:
     """What a verdict's plot was drawn from, in 16 hex digits: the record's hash, the verdict and the
     measured interval. The plot carries it; `perfkit ledger --check` compares it with the standing row."""
-    m = result.measured
+    return stamp_fields(result.id, result.hash, result.verdict, result.measured)
+
+
+def stamp_fields(hid: str, record_hash: str, verdict: str, m: Measured | None) -> str:
+    """`stamp` from the fields themselves (a run stamps its plots before it makes the results)."""
     shown = None if m is None else [m.label, m.unit, repr(m.value), repr(m.low), repr(m.high)]
-    return hashlib.sha256(json.dumps([result.id, result.hash, result.verdict, shown]).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps([hid, record_hash, verdict, shown]).encode()).hexdigest()[:16]
 
 
 def results_path(project: Project, run_id: str) -> Path:

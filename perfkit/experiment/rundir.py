@@ -132,21 +132,28 @@ class WriteFailed(UserError):
     """A run could not write what it measured (a full disk, a folder made read-only mid-run)."""
 
 
-def new_run_dir(project: Project) -> RunDir:
-    """A run id that sorts by time and is claimed atomically (mkdir) against concurrent runs."""
-    project.runs_dir.mkdir(parents=True, exist_ok=True)
-    now = datetime.now(UTC)
+def claim_folder(parent: Path, now: datetime, taken=lambda name: False) -> Path:
+    """A folder under `parent` named by the time ('20261202-142315', then '-2', ...), claimed atomically
+    (mkdir) against concurrent runs; `taken(name)` skips names used elsewhere."""
+    parent.mkdir(parents=True, exist_ok=True)
     base = now.strftime("%Y%m%d-%H%M%S")
     for n in range(1, 1000):
-        run_id = base if n == 1 else f"{base}-{n}"
-        if (project.results_dir / f"{run_id}.json").exists():
+        name = base if n == 1 else f"{base}-{n}"
+        if taken(name):
             continue
         try:
-            (project.runs_dir / run_id).mkdir()
+            (parent / name).mkdir()
         except FileExistsError:
             continue
-        return RunDir(run_id=run_id, path=project.runs_dir / run_id, created=now.strftime("%Y-%m-%dT%H:%M:%SZ"))
-    raise UserError(f"cannot find a free run id under {project.runs_dir}")
+        return parent / name
+    raise UserError(f"cannot find a free folder name under {parent}")
+
+
+def new_run_dir(project: Project) -> RunDir:
+    """A run id that sorts by time and is claimed atomically (mkdir) against concurrent runs."""
+    now = datetime.now(UTC)
+    path = claim_folder(project.runs_dir, now, lambda name: (project.results_dir / f"{name}.json").exists())
+    return RunDir(run_id=path.name, path=path, created=now.strftime("%Y-%m-%dT%H:%M:%SZ"))
 
 
 def check_writable(project: Project) -> None:

@@ -152,7 +152,7 @@ def _running_cell(path: Path) -> str:
 def _time_left(ctx: RunContext) -> str:
     """'; about 40 s left in the run': the mean time of its executions that ended, over those still to end."""
     walls = [x.wall_s for x in ctx.done.values() if not x.reused and x.wall_s]
-    left = len([x for x in ctx.plan.replicated() if x.id not in ctx.done])
+    left = sum(1 for x in ctx.plan.replicated() if x.id not in ctx.done)
     if not walls or not left:
         return ""
     seconds = sum(walls) / len(walls) * left / max(1, ctx.options.at_once())

@@ -14,8 +14,14 @@ from pathlib import Path
 
 from perfkit.experiment import commit, history, judging, plots
 from perfkit.experiment.context import RunContext
-from perfkit.experiment.results import HypothesisResult, RunResults, checked_text, load_all_results, results_path
-from perfkit.experiment.results import stamp as stamp_of_result
+from perfkit.experiment.results import (
+    HypothesisResult,
+    RunResults,
+    checked_text,
+    load_all_results,
+    results_path,
+    stamp_fields,
+)
 
 
 @dataclass(frozen=True)
@@ -34,8 +40,9 @@ def _plots(ctx: RunContext, judged: list[judging.Judged]) -> Path:
         h = item.hypothesis
         # Ctrl-C acts after this plot: raised inside matplotlib it can land in a weakref callback and vanish
         with commit.signals_deferred():
-            stamp = stamp_of_result(judging.to_result(item))
-            png = plots.render(h.id, item.judgement, list(item.points), h.expect.plot, stamp=stamp)
+            j = item.judgement
+            stamp = stamp_fields(h.id, h.hash, j.verdict.value, j.measured)
+            png = plots.render(h.id, j, list(item.points), h.expect.plot, stamp=stamp)
             plots.write_plot(ctx.run_dir.path / "plots" / f"{h.id}.png", png)
             plots.write_plot(staged / f"{h.id}.png", plots.scaled(png, plots.LEDGER_DPI / plots.DPI))
     return staged

@@ -95,7 +95,8 @@ class Speedup(Expect):
             errs[1].append(est.high - est.value)
         # where the candidate would have to be for the claimed factor, against this baseline
         faster_is_lower = units.dimension(unit) in units.LOWER_IS_FASTER
-        marks = [values[0] / f if faster_is_lower else values[0] * f for f in (self.at_least, self.at_most) if f]
+        factors = [f for f in (self.at_least, self.at_most) if f]
+        marks = [values[0] / f if faster_is_lower else values[0] * f for f in factors]
         lows = [v - e for v, e in zip(values, errs[0])]
         edges = [x for x in lows if x > 0] + values + [v + e for v, e in zip(values, errs[1])] + marks
         plots.log_if_spread(ax, values + marks, "x")
@@ -107,7 +108,7 @@ class Speedup(Expect):
         ax.set_xlim(left, max(edges) * (1.5 if log else 1.1))
         if log:
             plots.log_ticks(ax, "x")
-        for factor, at in zip((f for f in (self.at_least, self.at_most) if f), marks):
+        for factor, at in zip(factors, marks):
             ax.axvline(at, color=plots.CLAIMED, linestyle="--", linewidth=1.2)
             ax.annotate(
                 f" claimed {units.format_factor(factor)}",

@@ -31,8 +31,8 @@ def rows(b: Bisected) -> list[tuple[str, str, str, str, str]]:
     return out
 
 
-def change_lines(b: Bisected) -> list[str]:
-    """One line per change: 'abc1234 "subject" (after def5678): 3.0x higher, 4.1 ms [..] -> 12.3 ms [..]'."""
+def change_lines(b: Bisected) -> list[tuple[bool, str]]:
+    """(named to one commit, its line) per change: 'abc1234 "subject" (after def5678): 3.0x higher, ...'."""
     lines = []
     for c in b.outcome.changes:
         before, after = b.commits[c.before], b.commits[c.after]
@@ -41,9 +41,9 @@ def change_lines(b: Bisected) -> list[str]:
         if pb is not None and pa is not None and pb.usable and pa.usable:
             span = f", {pb.result.measured.text()} -> {pa.result.measured.text()}"
         if c.decided:
-            lines.append(f"{after.short} {after.subject!r} (after {before.short}): {c.moved}{span}")
+            lines.append((True, f"{after.short} {after.subject!r} (after {before.short}): {c.moved}{span}"))
         else:
-            lines.append(f"undecided between {before.short} and {after.short}: {c.moved}")
+            lines.append((False, f"undecided between {before.short} and {after.short}: {c.moved}"))
     return lines
 
 
@@ -54,8 +54,8 @@ def text(b: Bisected) -> str:
     lines.append("  " + "  ".join(h.ljust(w) for h, w in zip(HEADERS, widths)))
     for r in table:
         lines.append("  " + "  ".join(v[:50].ljust(w) for v, w in zip(r, widths)).rstrip())
-    for line in change_lines(b):
-        lines.append(f"culprit: {line}" if not line.startswith("undecided") else line)
+    for decided, line in change_lines(b):
+        lines.append(f"culprit: {line}" if decided else line)
     lines.append(f"the record and plot: {b.folder}/bisect.json, bisect.png")
     return "\n".join(lines) + "\n"
 
@@ -70,7 +70,7 @@ def markdown(b: Bisected) -> str:
         "(95%) do not overlap.",
         "",
     ]
-    for line in change_lines(b):
+    for _, line in change_lines(b):
         lines.append(f"- {cell(line)}")
     lines += ["", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     for short, subject, verdict, shown, replicates in rows(b):

@@ -37,17 +37,14 @@ def counted(counts: dict[str, int]) -> str:
 
 def _plots(c: Change, plots_url: str, base_plots_url: str | None, base_name: str) -> list[str]:
     """Before and after plots side by side at a readable width, each captioned; [] when neither has one."""
-    shown = []
+    shown = {}
     if base_plots_url is not None and c.base is not None and c.base.plot:
         src = html.escape(base_plots_url) + url(c.base.plot)
-        shown.append(f'<img src="{src}" width="{PLOT_WIDTH}" alt="before ({html.escape(base_name)})">')
+        shown["before"] = f'<img src="{src}" width="{PLOT_WIDTH}" alt="before ({html.escape(base_name)})">'
     if c.current is not None and c.current.plot:
         src = html.escape(plots_url) + url(c.current.plot)
-        shown.append(f'<img src="{src}" width="{PLOT_WIDTH}" alt="after">')
-    if not shown:
-        return []
-    caption = "before and after" if len(shown) == 2 else "after" if c.current and c.current.plot else "before"
-    return [f"{caption}:", "", " ".join(shown), ""]
+        shown["after"] = f'<img src="{src}" width="{PLOT_WIDTH}" alt="after">'
+    return [f"{' and '.join(shown)}:", "", " ".join(shown.values()), ""] if shown else []
 
 
 def markdown(

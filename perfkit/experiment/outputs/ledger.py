@@ -90,8 +90,9 @@ def _against(result) -> str:
     return f"{measured} vs {result.expected}" if measured else f"nothing measured (expected {result.expected})"
 
 
-def _section(hid: str, latest: Entry, rows: list[str], flipped: list[bool]) -> list[str]:
+def _section(hid: str, runs: list[Entry]) -> list[str]:
     """A hypothesis's own section: its verdict in words, the evidence, its plot at a readable width, its history."""
+    latest = standing(runs)
     r = latest.result
     said = [f"{verdict_words(r)}: {r.claim}", f"Measured {_against(r)}"]
     for part in (off_by_text(r), evidence_text(r)):
@@ -106,8 +107,11 @@ def _section(hid: str, latest: Entry, rows: list[str], flipped: list[bool]) -> l
             "",
         ]
     header = ["| run | how | verdict | measured [95% interval] | note |", "|---|---|---|---|---|"]
+    previous = [before(runs, e) for e in runs]
+    rows = [_history_row(e, p) for e, p in zip(runs, previous)]
     older = rows[:-SHOWN_HISTORY]
-    flips = [row for row, flip in zip(older, flipped) if flip]  # from the verdicts, never from a row's text
+    # the flips kept in view: from the verdicts, never from a row's text
+    flips = [row for row, e, p in zip(older, runs, previous) if _flipped(e, p)]
     lines += [*header, *flips, *rows[-SHOWN_HISTORY:], ""]
     if older:
         lines += [f"<details><summary>all {len(rows)} measurements</summary>", "", *header, *rows, "", "</details>", ""]
@@ -164,8 +168,7 @@ def render(all_results: list[RunResults]) -> str:
         "",
     ]
     for hid, runs in entries.items():
-        rows = [_history_row(e, before(runs, e)) for e in runs]
-        lines += _section(hid, standing(runs), rows, [_flipped(e, before(runs, e)) for e in runs])
+        lines += _section(hid, runs)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -229,13 +232,13 @@ def check(project: Project) -> tuple[list[str], list[str]]:
         plot = standing(runs).result.plot
         if plot and not (project.ledger_dir / plot).is_file():
             problems.append(f"{hid}: the ledger links {project.relative(project.ledger_dir / plot)}, which is missing")
+        if hid not in hypotheses:
+            warnings.append(f"{hid}: has verdicts but no hypothesis file any more")
     for hid, path, entry in mismatched_plots(project, entries):
         problems.append(
             f"{hid}: {project.relative(path)} was drawn from another result than its row (run {entry.run_id}): "
             "a merge that took one side's plot? `perfkit ledger` redraws it"
         )
-        if hid not in hypotheses:
-            warnings.append(f"{hid}: has verdicts but no hypothesis file any more")
     return problems, warnings
 
 
