@@ -219,3 +219,13 @@ def test_an_old_row_whose_note_reads_flip_is_not_shown_as_one(project):
     text = ledger.render(results.load_all_results(project))
     shown = text[text.index("### `fx-cost-confirmed`") :].split("<details>")[0]
     assert "| 20250101-000000 |" not in shown and shown.count("| 2025") == SHOWN_HISTORY
+
+
+def test_check_warns_of_verdicts_whose_hypothesis_file_is_gone(project, capsys):
+    by_id = {h.id: h for h in load_hypotheses(project)}
+    store(project, "20250101-000000", [result(h, "confirmed", 1.0, "1") for h in by_id.values()])
+    ledger.write(project)
+    (project.hypotheses_dir / "fx-share.yaml").unlink()
+    capsys.readouterr()
+    assert main(["--root", str(project.root), "ledger", "--check"]) == 0  # a warning, not a failure
+    assert "warning: fx-share: has verdicts but no hypothesis file any more" in capsys.readouterr().out
