@@ -19,6 +19,10 @@ Why it works this way:
   samples for independent ones. `Estimate.replicates == 1` says it rests on one process.
 - Speedups are pooled on the log scale (a geometric mean of per-replicate ratios): a ratio is
   symmetric there, 2x faster and 2x slower are equally far from 1x.
+- A quantity that cannot be negative (a time, a rate, a share: no sample below zero) keeps its mean,
+  but its interval is the spread of the log unit estimates placed around it: above zero, wider above
+  than below, as such units are skewed (tests/test_stats.py: its coverage against known truth). A
+  difference (an overhead per pair, on - off) has negative samples: its interval may straddle zero.
 - There is no resampling: time and memory are linear in the number of samples, with no seed.
 """
 
@@ -49,7 +53,7 @@ class Estimate:
     units: int = 0  # independent units the interval was computed from (replicates, or batches of one)
     n: int = 0  # samples in all
     spread: float = 0.0  # standard deviation of the unit estimates (on the log scale when pooled there)
-    log: bool = False  # pooled on the log scale (ratios)
+    log: bool = False  # the interval is on the log scale (ratios, positive quantities); `spread` is there too
     confidence: float = CONFIDENCE
 
 
@@ -158,9 +162,10 @@ def interval(
 ) -> tuple[float, float, float]:
     """(estimate, low, high): a t-interval on independent unit estimates (replicates or batches).
 
-    `log` pools on the log scale (for ratios); one unit gives an infinite interval. `centre`, when
-    given, is the point estimate the interval is placed around (one process's batches: its
-    samples' own mean, which a mean of unequal batches is not).
+    `log` takes the interval on the log scale: around the units' geometric mean (ratios), or around
+    `centre` when given (a positive quantity's mean), so it stays above zero. One unit gives an
+    infinite interval. `centre`, when given, is the point estimate the interval is placed around
+    (one process's batches: its samples' own mean, which a mean of unequal batches is not).
     """
     data = np.asarray(units, dtype=float)
     if data.size == 0:
@@ -195,15 +200,8 @@ def _replicates(replicates: Replicates) -> list[np.ndarray]:
     return out
 
 
-def _estimate(
-    units: list[float],
-    replicates: int,
-    samples: list[np.ndarray],
-    *,
-    confidence: float,
-    log: bool,
-    centre: float | None = None,
-) -> Estimate:
+def _estimate(units: list[float], replicates: int, samples: list[np.ndarray], *, confidence: float, log: bool,
+              centre: float | None = None) -> Estimate:  # fmt: skip
     value, low, high = interval(units, confidence=confidence, log=log, centre=centre)
     scaled = np.log(np.asarray(units, dtype=float)) if log else np.asarray(units, dtype=float)
     return Estimate(
@@ -219,13 +217,22 @@ def _estimate(
     )
 
 
+def _positive(samples: list[np.ndarray], units: list[float]) -> bool:
+    """A quantity that cannot be negative: every sample at least zero and every unit estimate above it."""
+    return all(r.min() >= 0 for r in samples) and min(units) > 0
+
+
 def mean_estimate(replicates: Replicates, *, confidence: float = CONFIDENCE) -> Estimate:
-    """The mean over processes (each replicate's mean weighs the same) and its interval."""
+    """The mean over processes (each replicate's mean weighs the same) and its interval; on the
+    log scale around that mean when the quantity cannot be negative."""
     reps = _replicates(replicates)
     if len(reps) > 1:
-        return _estimate([float(r.mean()) for r in reps], len(reps), reps, confidence=confidence, log=False)
-    units = [float(reps[0][s].mean()) for s in _batches(reps[0].size)]
-    return _estimate(units, 1, reps, confidence=confidence, log=False, centre=float(reps[0].mean()))
+        units = [float(r.mean()) for r in reps]
+        centre = float(np.mean(units))
+    else:
+        units = [float(reps[0][s].mean()) for s in _batches(reps[0].size)]
+        centre = float(reps[0].mean())
+    return _estimate(units, len(reps), reps, confidence=confidence, log=_positive(reps, units), centre=centre)
 
 
 def mean_interval(samples: Sequence[float], *, confidence: float = CONFIDENCE) -> Estimate:
@@ -233,19 +240,14 @@ def mean_interval(samples: Sequence[float], *, confidence: float = CONFIDENCE) -
     return mean_estimate([samples], confidence=confidence)
 
 
-def ratio_estimate(
-    numerator: Replicates,
-    denominator: Replicates,
-    *,
-    paired: bool,
-    log: bool = True,
-    confidence: float = CONFIDENCE,
-) -> Estimate:
+def ratio_estimate(numerator: Replicates, denominator: Replicates, *, paired: bool, log: bool = True,
+                   confidence: float = CONFIDENCE) -> Estimate:  # fmt: skip
     """mean(numerator) / mean(denominator) per replicate (or batch), pooled over them.
 
     Paired samples (a phase and the step it belongs to) are cut into the same batches; unpaired
     arms of one process (taken alternately, in time order) into batches of equal count. `log`
-    pools on the log scale (speedups); a share pools as is.
+    pools on the log scale (speedups: a geometric mean); otherwise (a share) the estimate is the
+    units' mean and its interval is on the log scale around it when nothing in it can be negative.
     """
     num, den = _replicates(numerator), _replicates(denominator)
     if len(num) != len(den):
@@ -266,6 +268,9 @@ def ratio_estimate(
             sb = np.array_split(b, count)
             units = [float(x.mean() / y.mean()) for x, y in zip(sa, sb) if y.mean() != 0]
     centre = None if len(num) > 1 else float(num[0].mean() / den[0].mean())  # one process: its own ratio
+    if not log:
+        centre = float(np.mean(units)) if centre is None else centre
+        log = _positive(num + den, units)
     return _estimate(units, len(num), num, confidence=confidence, log=log, centre=centre)  # samples: of one side
 
 

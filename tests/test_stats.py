@@ -103,6 +103,67 @@ def test_speedups_pool_on_the_log_scale_and_shares_as_they_are():
     assert share.low < 0.3 < share.high and share.high - share.low < 0.02
 
 
+def positive_process(rng, scale, n, *, offset_sigma, rho, noise):
+    """One process of a quantity that cannot be negative (a time): a skewed process-wide offset
+    (lognormal) and slow multiplicative drift. Its expected mean: scale * exp(offset_sigma²/2 + noise²/2)."""
+    return scale * rng.lognormal(0, offset_sigma) * np.exp(ar1(rng, n, rho, noise))
+
+
+@pytest.mark.parametrize("replicates", [3, 5])
+def test_a_positive_quantity_keeps_its_interval_above_zero_and_its_coverage(replicates):
+    """Skewed process means (the allocator or layout of one process costs 2x): the linear t-interval
+    falls below the truth far more often than 2.5% and reaches below zero; the log-scale one neither."""
+    sigma, noise = 0.6, 0.05
+    truth = 3.0 * math.exp(sigma**2 / 2 + noise**2 / 2)
+    rng = np.random.default_rng(20261202)
+    log_low = log_high = linear_high = linear_negative = 0
+    trials = 2000
+    for _ in range(trials):
+        reps = [positive_process(rng, 3.0, 60, offset_sigma=sigma, rho=0.7, noise=noise) for _ in range(replicates)]
+        est = stats.mean_estimate(reps)
+        assert est.log and est.low > 0 and est.value == pytest.approx(np.mean([r.mean() for r in reps]))
+        log_low += truth < est.low
+        log_high += truth > est.high
+        _, low, high = stats.interval([r.mean() for r in reps])  # the linear interval on the same units
+        linear_high += truth > high
+        linear_negative += low <= 0
+    assert log_low / trials <= 0.03 and log_high / trials <= 0.06, (log_low, log_high)
+    # what the log scale fixes (here at R = 3: 7.1% above the linear interval's top, 63% of its lows <= 0)
+    assert linear_high / trials > 0.06 and linear_high > log_high and linear_negative > trials // 10
+    assert (log_low + log_high) / trials <= 0.06  # the promised 5%, two-sided (here 5.0% and 5.4%)
+
+
+def test_symmetric_noise_on_a_positive_quantity_keeps_both_tails_near_2_5_percent():
+    """Normal process offsets of 30% (not skewed): the log-scale interval must not buy its positivity
+    with a lower bound that clears the truth too often (what an 'at least' claim would confirm on)."""
+    rng = np.random.default_rng(7)
+    low = high = 0
+    trials = 3000
+    for _ in range(trials):
+        reps = [np.abs(process(rng, 2.0, 40, offset_sd=0.3, rho=0.5, noise=0.05)) for _ in range(3)]
+        est = stats.mean_estimate(reps)
+        low += 2.0 < est.low
+        high += 2.0 > est.high
+    assert low / trials <= 0.04 and high / trials <= 0.04, (low, high)
+
+
+def test_a_share_near_zero_stays_positive_and_a_difference_may_straddle_it():
+    rng = np.random.default_rng(9)
+    step = rng.normal(10, 1, 200)
+    part = np.abs(0.002 * step * rng.lognormal(0, 1.5, 200))  # a rare, spiky phase: 0.2% of the step, heavy tail
+    share = stats.ratio_estimate([part], [step], paired=True, log=False)
+    assert share.log and 0 < share.low < share.value < share.high
+    assert share.value == pytest.approx(part.sum() / step.sum())
+    three = stats.ratio_estimate([part[:70], part[70:140], part[140:]], [step[:70], step[70:140], step[140:]],
+                                 paired=True, log=False)  # fmt: skip
+    assert three.low > 0 and three.value == pytest.approx(np.mean([part[i:i + 70].sum() / step[i:i + 70].sum()
+                                                                  for i in (0, 70, 140)]), rel=0.05)  # fmt: skip
+    overhead = [list(rng.normal(0.5, 3.0, 30)) for _ in range(3)]  # % per pair, on - off: samples below zero
+    est = stats.mean_estimate(overhead)
+    assert not est.log and est.low < 0 < est.high
+    assert est.value - est.low == pytest.approx(est.high - est.value)
+
+
 def test_ratio_refuses_zero_denominator_unequal_pairs_and_mismatched_replicates():
     with pytest.raises(ValueError, match="zero"):
         stats.ratio_interval([1.0], [0.0, 0.0], paired=False)
