@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet torch==2.13.0 --index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install --quiet -e '.[test,lab,cluster,serve]'
+	$(BIN)/python -m pip install --quiet -e '.[engine,test,lab,cluster,serve]'
 	# the `perfkit` kernel (the project on its import path), the notebook clean filter and the LEDGER.md merge
 	# driver: what `perfkit init` sets up in any repository, here through this checkout's .venv
 	-$(BIN)/perfkit init . >/dev/null

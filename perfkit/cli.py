@@ -23,6 +23,13 @@ from perfkit.errors import UserError
 # command, for a format no notebook schema uses. perfkit's own processes do without it.
 sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
 
+NEEDS_TORCH = (
+    "this needs torch (the bundled engine, its kernels and the machine's measured rates run on it), which "
+    "`pip install perfkit` leaves to you so that it never replaces your own: pip install 'perfkit[engine]' "
+    "(from PyPI on Linux that is the CUDA build, several GB; the CPU wheel: "
+    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu)"
+)
+
 # subcommand -> module whose main(argv) parses its own arguments (imported on use: `perfkit validate` stays fast)
 _DELEGATED = {
     "engine": "perfkit.engine.cli",
@@ -419,6 +426,11 @@ def main(argv: list[str] | None = None) -> int:
         # record errors are already `path:line: field: message`, one per line
         plain = isinstance(exc, (RecordError, ValidationFailed))
         print(str(exc) if plain else f"perfkit: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "torch":
+            raise
+        print(f"perfkit: {NEEDS_TORCH}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: say what was kept, no traceback
         print(f"perfkit: {exc}" if str(exc) else "perfkit: interrupted", file=sys.stderr)

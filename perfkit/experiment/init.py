@@ -25,7 +25,7 @@ from perfkit.paths import Project, git_try
 EXAMPLE = "example_sort"
 ATTRIBUTES = ("notebooks/*.ipynb filter=perfkit-notebook", "hypotheses/LEDGER.md merge=perfkit-ledger")
 RECORD = """id: example-sort-under-100ms
-claim: Sorting a million floats with torch takes under 100 ms on this machine.
+claim: Sorting a million floats with numpy takes under 100 ms on this machine.
 rationale: |
   The example probe perfkit init wrote (notebooks/{notebook}.ipynb). Replace its work() with your
   own code and this record with your claim: its expected cost, and the probe that measures it.
@@ -67,10 +67,8 @@ jobs:
       - uses: actions/setup-python@v5
         with:
           python-version: "3.11"
-      - name: "install (CPU wheels of torch: no GPU on the runner)"
-        run: |
-          pip install torch --index-url https://download.pytorch.org/whl/cpu
-          pip install perfkit  # or however this project installs it with its own dependencies
+      - name: "install what the review commands need (no torch: nothing is measured here)"
+        run: pip install 'perfkit[review]'
       - run: perfkit validate
       - run: perfkit ledger --check
       - name: what changed

@@ -17,28 +17,25 @@ NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 _INTRO = """# Probe: {name}
 
-What this probe measures, and which hypotheses read it. As generated it times `torch.sort` on
+What this probe measures, and which hypotheses read it. As generated it times `numpy.sort` on
 `n` random floats; replace `work()` with the code you want to measure and keep the rest.
 
 Records `{metric}` (ms per call) at `n`."""
 
 _PARAMETERS = """n: int = 1_000_000  # problem size
 repeat: int = 20  # timed calls (samples, not one number)
-warmup: int = 3  # untimed calls first: caches, allocator, lazy initialisation
-threads: int = 1  # torch CPU threads"""
+warmup: int = 3  # untimed calls first: caches, allocator, lazy initialisation"""
 
 _SETUP = """import matplotlib.pyplot as plt
-import torch
+import numpy as np
 
 import perfkit
 
-torch.manual_seed(0)
-torch.set_num_threads(threads)
-x = torch.rand(n)
+x = np.random.default_rng(0).random(n)
 
 
 def work():
-    return torch.sort(x)"""
+    return np.sort(x)"""
 
 _MEASURE = """samples = perfkit.bench(work, warmup=warmup, repeat=repeat)  # seconds per call
 perfkit.record("{metric}", [s * 1e3 for s in samples], unit="ms", at={{"n": n}})"""

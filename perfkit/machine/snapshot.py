@@ -173,7 +173,12 @@ def snapshot(*, bandwidth: bool = True, refresh: bool = False, root: Path | None
     if bandwidth:
         from perfkit.machine import bandwidth as bw
 
-        snap["bandwidth"] = bw.measured(refresh=refresh).to_dict()
+        try:
+            snap["bandwidth"] = bw.measured(refresh=refresh).to_dict()
+        except ModuleNotFoundError as exc:  # a plain `pip install perfkit`: torch, which measures them, is the user's
+            if exc.name != "torch":
+                raise
+            snap["bandwidth_note"] = "not measured: the rates are measured with torch (pip install 'perfkit[engine]')"
     return snap
 
 
@@ -250,6 +255,8 @@ def format_snapshot(snap: dict) -> str:
 
         for i, text in enumerate(bw.describe(snap["bandwidth"])):
             row("bandwidth" if i == 0 else "", text)
+    elif "bandwidth_note" in snap:
+        row("bandwidth", snap["bandwidth_note"])
     return "\n".join(lines)
 
 
