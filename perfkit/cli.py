@@ -30,6 +30,11 @@ NEEDS_TORCH = (
     "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu)"
 )
 
+NEEDS_MODULE = (
+    "this needs `{}`, which is not installed here (`pip install 'perfkit[review]'` alone brings only what validate, "
+    "ledger, diff and report need): pip install perfkit"
+)
+
 # subcommand -> module whose main(argv) parses its own arguments (imported on use: `perfkit validate` stays fast)
 _DELEGATED = {
     "engine": "perfkit.engine.cli",
@@ -427,10 +432,11 @@ def main(argv: list[str] | None = None) -> int:
         plain = isinstance(exc, (RecordError, ValidationFailed))
         print(str(exc) if plain else f"perfkit: {exc}", file=sys.stderr)
         return 2
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").partition(".")[0] != "torch":
+    except ModuleNotFoundError as exc:  # an installation with less than this command needs (an extra left out)
+        top = (exc.name or "").partition(".")[0]
+        if top in ("", "perfkit"):
             raise
-        print(f"perfkit: {NEEDS_TORCH}", file=sys.stderr)
+        print(f"perfkit: {NEEDS_TORCH if top == 'torch' else NEEDS_MODULE.format(top)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: say what was kept, no traceback
         print(f"perfkit: {exc}" if str(exc) else "perfkit: interrupted", file=sys.stderr)

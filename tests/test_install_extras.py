@@ -6,7 +6,8 @@ linked from this checkout's .venv (nothing is downloaded), and perfkit itself, p
 wheel of this source.
 
 - `pip install 'perfkit[review]'`: validate, ledger --check, diff and report work with the review
-  extra's distributions alone; torch, JupyterLab, Dask and a Jupyter kernel are not among them.
+  extra's distributions alone; torch, JupyterLab, Dask and a Jupyter kernel are not among them, and
+  `perfkit run` there says in one line what is missing.
 - `pip install perfkit`: no torch. A user's own probe (the one `perfkit init` writes, on numpy)
   runs to a verdict; the bundled engine's commands say in one line how to get torch.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -105,6 +107,13 @@ def test_validate_ledger_check_diff_and_report_run_with_the_review_extra_alone(t
     sh(ROOT, "perfkit", "report", "--out", str(tmp_path / "report"), "--single-file", env=env)
     page = next((tmp_path / "report").glob("*.html")).read_text()
     assert page.count("data:image/png;base64,") >= 10  # every hypothesis's plot, drawn without torch
+    project = tmp_path / "project"  # a copy: a run that got further must not write into this checkout
+    for part in ("hypotheses", "notebooks"):
+        shutil.copytree(ROOT / part, project / part)
+    shutil.copy(ROOT / "pyproject.toml", project)
+    run = sh(project, "perfkit", "run", "--all", "--quick", env=env, check=False)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr, run.stderr
+    assert "which is not installed here" in run.stderr and run.stderr.rstrip().endswith("pip install perfkit")
 
 
 def test_a_plain_install_has_no_torch_yet_runs_a_users_probe_and_says_how_to_get_the_engine(tmp_path, wheel):
