@@ -23,6 +23,7 @@ _PUBLIC = {
     "enabled": "perfkit.probe.spans",
     "set_enabled": "perfkit.probe.spans",
     "bench": "perfkit.probe.timing",
+    "steady_allocator": "perfkit.probe.allocator",
     "load_hypotheses": "perfkit.experiment.hypothesis",
     "Verdict": "perfkit.experiment.verdict",
 }

@@ -350,6 +350,67 @@ def replicates_to_decide(est: Estimate, edge: float) -> int | None:
     return None
 
 
+# ---------------------------------------------------------------- looking more than once
+
+
+def _normal_tail(z: np.ndarray | float) -> np.ndarray:
+    """P(Z > z) for a standard normal, elementwise."""
+    return 0.5 * np.vectorize(math.erfc)(np.asarray(z, dtype=float) / math.sqrt(2.0))
+
+
+def _leaving(z: float, t: float, step: float, b: np.ndarray, weights: np.ndarray) -> float:
+    """P(|B(t)| > z sqrt(t)) for paths that stayed inside so far (their weights at grid points b)."""
+    e, sd = z * math.sqrt(t), math.sqrt(step)
+    return float((weights * (_normal_tail((e - b) / sd) + _normal_tail((e + b) / sd))).sum())
+
+
+def sequential_levels(fractions: Sequence[float], spent: Sequence[float], *, grid: int = 801) -> list[float]:
+    """The confidence of each look of a group-sequential design, so that a verdict wrong at any look is as
+    rare as the error it has spent by then (Lan and DeMets' spending approach).
+
+    `fractions` are the information at each look as a share of the most the design may reach (here
+    replicates / the most replicates), strictly increasing; `spent[j]` is the two-sided error spent up to
+    and including look j. Look j's critical value is the one at which a statistic that stayed inside
+    every earlier look's interval leaves this one with probability spent[j] - spent[j - 1], for the
+    cumulative statistics of a Brownian motion observed at the fractions (correlation sqrt(t_i / t_j)).
+    Looks are correlated, so each later look gets a wider share than a Bonferroni split would give it.
+    The levels are for normal statistics; perfkit applies them as the level of its t-intervals, and
+    tests/test_stats.py measures the error that gives against known truth under optional stopping.
+    """
+    from statistics import NormalDist
+
+    ts = [float(t) for t in fractions]
+    if any(b <= a for a, b in zip(ts, ts[1:])) or not ts or ts[0] <= 0:
+        raise ValueError(f"fractions must be positive and increasing, got {ts}")
+    if any(b < a for a, b in zip(spent, spent[1:])) or not 0 < spent[0] < 1:
+        raise ValueError(f"the error spent must be in (0, 1) and not decrease, got {list(spent)}")
+    c = NormalDist().inv_cdf(1.0 - spent[0] / 2.0)
+    levels = [1.0 - spent[0]]
+    edge = c * math.sqrt(ts[0])  # on the scale of B(t) = Z * sqrt(t)
+    b = np.linspace(-edge, edge, grid)
+    density = np.exp(-(b**2) / (2 * ts[0])) / math.sqrt(2 * math.pi * ts[0])
+    for j in range(1, len(ts)):
+        step = ts[j] - ts[j - 1]
+        wanted = spent[j] - spent[j - 1]
+        weights = density * np.gradient(b)  # trapezoid-like weights on the grid of the staying region
+
+        if wanted <= 0:
+            levels.append(1.0)
+            z = 40.0
+        else:
+            low, high = 0.0, 40.0  # leaving(z) falls as z grows
+            for _ in range(60):
+                mid = 0.5 * (low + high)
+                low, high = (mid, high) if _leaving(mid, ts[j], step, b, weights) > wanted else (low, mid)
+            z = 0.5 * (low + high)
+            levels.append(1.0 - 2.0 * float(_normal_tail(z)))
+        edge = z * math.sqrt(ts[j])
+        nb = np.linspace(-edge, edge, grid)
+        kernel = np.exp(-((nb[:, None] - b[None, :]) ** 2) / (2 * step)) / math.sqrt(2 * math.pi * step)
+        density, b = kernel @ weights, nb
+    return levels
+
+
 # ---------------------------------------------------------------- where the variance is
 
 

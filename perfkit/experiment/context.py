@@ -61,3 +61,5 @@ class RunContext:
     said: set[str] = field(default_factory=set)  # keys whose reason was printed
     started: float = field(default_factory=time.monotonic)  # when the run began, for --budget
     out_of_time: dict[str, float] = field(default_factory=dict)  # hypothesis id -> seconds its growth needed
+    left_out: dict[str, str] = field(default_factory=dict)  # hypothesis id -> why the budget left it unmeasured
+    looked: dict[str, list[int]] = field(default_factory=dict)  # hypothesis id -> its replicates at each look

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from perfkit.errors import RecordError
 from perfkit.experiment import capped, kernel
+from perfkit.experiment import warm as warm_replicates
 from perfkit.experiment.results import Execution
 from perfkit.files import VERSION_KEY, Reader, write_atomic
 from perfkit.machine.fitness import cpu_list
@@ -36,15 +37,18 @@ _stopping = threading.Event()  # set when a run is interrupted: no execution sta
 _live_lock = threading.Lock()
 
 
-def ensure_kernelspec(directory: Path, *, prefix: list[str] | None = None) -> Path:
+def ensure_kernelspec(directory: Path, *, prefix: list[str] | None = None, warm: bool = False) -> Path:
     """A `perfkit` kernelspec for this interpreter under directory/kernels; put directory on JUPYTER_PATH.
 
     The runner never relies on a kernel someone registered by hand: whatever interpreter runs
-    perfkit also runs the probes. `prefix` runs the kernel under another command (`nsys profile`).
+    perfkit also runs the probes. `prefix` runs the kernel under another command (`nsys profile`);
+    `warm` launches it through the warm replicate's provisioner (perfkit/experiment/warm.py).
     """
     spec_dir = Path(directory) / "kernels" / KERNEL_NAME
     spec = kernel.spec()
     spec["argv"] = [*(prefix or []), *spec["argv"]]
+    if warm:
+        spec["metadata"]["kernel_provisioner"] = {"provisioner_name": warm_replicates.PROVISIONER}
     write_atomic(spec_dir / "kernel.json", json.dumps(spec, indent=1) + "\n")
     return Path(directory)
 
@@ -118,6 +122,17 @@ def cell_times(nb) -> list[tuple[str, float, float]]:
     return out
 
 
+def setup_seconds(nb, launched_at: float) -> float | None:
+    """What a replicate cost before its first measuring cell (the first that displayed a perfkit record):
+    the process and kernel starting, the imports, building the engine or starting a server."""
+    for cell in nb.cells:
+        shown = any(MIMETYPE in o.get("data", {}) for o in cell.get("outputs", []))
+        start = _epoch(cell.get("metadata", {}).get("papermill", {}).get("start_time"))
+        if shown and start is not None:
+            return round(max(0.0, start - launched_at), 3)
+    return None
+
+
 def last_started_cell(nb) -> tuple[int, str] | None:
     """The last cell papermill started: the one running when a kernel died or time ran out."""
     found = None
@@ -184,6 +199,7 @@ class Job:
     env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
     extra: dict[str, object] | None = None  # parameters the plan does not key on (the replicate index)
     cpus: tuple[int, ...] | None = None  # the CPUs it runs on, its own while others run at once (None: all)
+    template: warm_replicates.Template | None = None  # the round's template it forks from (None: a fresh process)
 
 
 @dataclass(frozen=True)
@@ -229,36 +245,48 @@ def _write_spec(job: Job, output: Path, outcome_path: Path) -> Path:
         "params": {**job.planned.params, **(job.extra or {})},
         "cwd": str(job.cwd),
         "outcome": str(outcome_path),
-        "parent": os.getpid(),  # the child stops when this process is gone, even before it looked
+        # the child stops when its parent is gone, even before it looked: this process, or the template
+        # it was forked from (which itself stops with this process)
+        "parent": job.template.proc.pid if job.template else os.getpid(),
         "cpus": list(job.cpus) if job.cpus else None,
+        "warm": job.template is not None,
     }
     write_atomic(spec_path, json.dumps(spec, indent=1))
     return spec_path
+
+
+def child_environment(kernel_dir: Path, code_root: Path, env: dict[str, str]) -> dict[str, str]:
+    """The environment of an execution's child process (and of the template warm ones fork from)."""
+    child_env = dict(os.environ)
+    child_env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(kernel_dir), os.environ.get("JUPYTER_PATH")) if p)
+    child_env.pop("MPLBACKEND", None)  # let the kernel use its inline backend so figures land in the notebook
+    child_env.update(env)
+    # the kernel puts the code under test first on its import path and on PYTHONPATH for what it starts
+    # (kernel.on_path): this root, not the project the notebook's folder is in
+    child_env[kernel.CODE_ROOT_ENV] = str(code_root)
+    child_env[kernel.OUTPUT_CAP_ENV] = str(OUTPUT_CAP_BYTES)  # the kernel cuts a flood before it reaches us
+    return child_env
 
 
 def _launch(
     job: Job, spec_path: Path, log_path: Path, launched: Callable[[int], None] | None = None
 ) -> tuple[bool, int | None]:
     """Run the child to its end or its time limit: (timed out, exit status); `launched(pid)` once it started."""
-    child_env = dict(os.environ)
-    child_env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(job.kernel_dir), os.environ.get("JUPYTER_PATH")) if p)
-    child_env.pop("MPLBACKEND", None)  # let the kernel use its inline backend so figures land in the notebook
-    child_env.update(job.env)
-    # the kernel puts the code under test first on its import path and on PYTHONPATH for what it starts
-    # (kernel.on_path): this root, not the project the notebook's folder is in
-    child_env[kernel.CODE_ROOT_ENV] = str(job.code_root)
-    child_env[kernel.OUTPUT_CAP_ENV] = str(OUTPUT_CAP_BYTES)  # the kernel cuts a flood before it reaches us
+    child_env = child_environment(job.kernel_dir, job.code_root, job.env)
     with open(log_path, "wb") as log:
         with _live_lock:  # started and known at once: kill_all either sees it or it never starts
             if _stopping.is_set():
                 raise KeyboardInterrupt("the run was interrupted before this execution started")
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "perfkit.experiment.execute", str(spec_path)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=child_env,
-                start_new_session=True,
-            )
+            if job.template is not None:  # forked from the round's template: the same child, warm
+                proc = job.template.fork(spec_path, log_path, child_env)
+            else:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "perfkit.experiment.execute", str(spec_path)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=child_env,
+                    start_new_session=True,
+                )
             _live.add(proc)
         try:
             if launched is not None:
@@ -288,16 +316,18 @@ def execute(job: Job, *, launched: Callable[[int], None] | None = None) -> Ended
     outcome_path = output.with_name(output.stem + ".outcome.json")
     outcome_path.unlink(missing_ok=True)
     spec_path = _write_spec(job, output, outcome_path)
-    started = time.monotonic()
+    started, launched_at = time.monotonic(), time.time()
     timed_out, returncode = _launch(job, spec_path, output.with_name(output.stem + ".log"), launched)
+    nb = read_notebook(output)
     ended = replace(
         job.planned,
         wall_s=round(time.monotonic() - started, 3),
         run_id=job.run_id,
         reused=False,
         cpus=cpu_list(job.cpus) if job.cpus else None,
+        setup_s=setup_seconds(nb, launched_at) if nb is not None else None,
+        warm=job.template is not None,
     )
-    nb = read_notebook(output)
     try:
         records, unreadable = (tuple(records_in(nb, str(output))) if nb is not None else ()), None
     except RecordError as exc:  # this probe's outputs, not the run, are at fault: an error execution
@@ -408,6 +438,9 @@ def _child(spec_path: str) -> int:
     if spec.get("cpus"):
         _pin(spec["cpus"])  # before the kernel starts: it and its threads inherit the CPUs
     _become_subreaper()
+    if spec.get("warm"):  # forked from a template: the kernel is forked too, before any thread starts
+        warm_replicates.fork_prekernel()
+        warm_replicates.register_provisioner()
     threading.Thread(target=_exit_with_parent, args=(spec.get("parent", os.getppid()),), daemon=True).start()
     papermill_engines.register("perfkit", capped.engine(OUTPUT_CAP_BYTES))
     try:

@@ -2,7 +2,8 @@
 
 A run that only re-read a stored measurement (every execution reused, the same record and verdict)
 is no new measurement. The standing one is the latest *fit* measurement: a run whose replicates were
-measured on a busy machine, whose probe failed, or that ran under a profiler is an attempt, kept in
+measured on a busy machine, whose probe failed, that ran under a profiler or whose time budget left the
+hypothesis unmeasured is an attempt, kept in
 the history ("not measured: ...") but never standing over a fit measurement, never a flip. Every
 output (perfkit/experiment/outputs/), `perfkit diff` and the writer read the history through here.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfkit.experiment.results import HypothesisResult, RunResults
-from perfkit.experiment.verdict import UNFIT_REASON
+from perfkit.experiment.verdict import NOT_MEASURED, UNFIT_REASON
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ def attempt_of(result: HypothesisResult, profile: str | None) -> str | None:
         return "the probe failed"
     if result.verdict == "inconclusive" and result.measured is None and (result.reason or "").startswith(UNFIT_REASON):
         return "machine busy"
+    if result.verdict == "inconclusive" and not result.executions and (result.reason or "").startswith(NOT_MEASURED):
+        return "not measured: the run's time budget"
     return None
 
 

@@ -27,6 +27,7 @@ The record, hypotheses/<id>.yaml:
       quick: {ctx: 4096}              # overrides for --quick
       sweep: {param: ctx, values: [4096, 16384], quick: [4096]}   # one execution per value
       replicates: 5                   # optional: kernel processes per execution (default: the run's)
+      samples: {repeat: [10, 80]}     # optional: sample counts perfkit may choose from (replicates.py)
     tags: [case-study]
 """
 
@@ -59,10 +60,12 @@ _PROBE_KEYS = {
     "resources": False,
     "code": False,
     "threads": False,
+    "samples": False,
 }
 CODE_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$")  # a path under the project or a distribution name
 RESOURCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
 MAX_REPLICATES = 50
+MAX_SAMPLE_COUNT = 1_000_000
 _SWEEP_KEYS = {"param": True, "values": True, "quick": False}
 
 
@@ -93,6 +96,9 @@ class Probe:
     resources: dict[str, float] = field(default_factory=dict)  # what a cluster worker must offer: {"GPU": 1}
     code: tuple[str, ...] = ()  # more code under test: paths under the project, installed distributions
     threads: int | None = None  # CPU threads of its executions (None: the run decides, once, for every replicate)
+    # sample-count parameters perfkit may set within [low, high] for the split of processes and samples
+    # that decides soonest (replicates.py); no other parameter is ever changed
+    samples: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -301,9 +307,11 @@ def _check_probe(checker: Checker, raw: Any, project: Project, notebook_cache: d
                 resources[name] = float(amount)
     code = _check_code(checker, probe.get("code"), where + ("code",)) if "code" in probe else ()
     threads = checker.integer(probe, "threads", where, low=1, high=1024)
+    counts = _check_samples(checker, probe["samples"], declared, blocks, sweep) if "samples" in probe else {}
     if len(checker.errors) > errors_before:
         return None
     return Probe(
+        samples=counts,
         code=code,
         threads=threads,
         notebook=notebook,
@@ -313,6 +321,43 @@ def _check_probe(checker: Checker, raw: Any, project: Project, notebook_cache: d
         replicates=replicates,
         resources=resources,
     )
+
+
+def _check_samples(
+    checker: Checker, raw: Any, declared: dict | None, blocks: dict[str, dict], sweep: Sweep | None
+) -> dict[str, tuple[int, int]]:
+    """`probe.samples`: {parameter: [low, high]}, each an integer parameter of the notebook that the sweep
+    does not vary, its given values (params, quick) inside the range."""
+    where = ("probe", "samples")
+    block = checker.mapping(raw, where)
+    out: dict[str, tuple[int, int]] = {}
+    for name, bounds in (block or {}).items():
+        here = where + (name,)
+        if not (
+            isinstance(bounds, list)
+            and len(bounds) == 2
+            and all(isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= MAX_SAMPLE_COUNT for b in bounds)
+            and bounds[0] <= bounds[1]
+        ):
+            checker.fail(
+                here,
+                f"expected [low, high], integers from 1 to {MAX_SAMPLE_COUNT:,} with low <= high, got {shown(bounds)}",
+            )
+            continue
+        if declared is not None:
+            problem = check_parameter(name, bounds[0], declared)
+            if problem:
+                checker.fail(here, f"a sample count is an integer parameter of the notebook: {problem}")
+                continue
+        if sweep is not None and sweep.param == name:
+            checker.fail(here, f"{name} is the swept parameter, not a sample count")
+            continue
+        for key, given in blocks.items():
+            value = given.get(name)
+            if isinstance(value, int) and not bounds[0] <= value <= bounds[1]:
+                checker.fail(where + (name,), f"probe.{key}.{name} is {value}, outside [{bounds[0]}, {bounds[1]}]")
+        out[name] = (bounds[0], bounds[1])
+    return out
 
 
 def _check_code(checker: Checker, raw: Any, where: tuple) -> tuple[str, ...]:
@@ -358,7 +403,12 @@ def _check_sweep(checker: Checker, raw: Any, declared: dict | None) -> Sweep | N
 
 
 def record_hash(data: Any) -> str:
-    """Stable hash of a parsed record: formatting and comments do not count, content does."""
+    """Stable hash of a parsed record: formatting and comments do not count, content does.
+
+    `probe.samples` does not count either: the sample counts perfkit may choose say how a verdict is
+    paid for, not what is claimed (the counts a run chose are in its executions' parameters and keys)."""
+    if isinstance(data, dict) and isinstance(data.get("probe"), dict) and "samples" in data["probe"]:
+        data = {**data, "probe": {k: v for k, v in data["probe"].items() if k != "samples"}}
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 

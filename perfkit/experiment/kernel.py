@@ -106,7 +106,12 @@ def cap_streams(cap: int) -> None:
         stream.write = capped
 
 
-def _launch() -> None:
+def launch(argv: list[str] | None = None, *, warm: bool = False) -> None:
+    """Run the kernel: the code's root first on the import path, then IPython's kernel with `argv`.
+
+    `warm`: this process was forked from a template that imported matplotlib's inline backend before
+    any IPython shell existed (perfkit/experiment/warm.py); it is hooked to this kernel's shell here,
+    as its import would have done in a fresh kernel."""
     root = os.environ.get(CODE_ROOT_ENV) or os.environ.get("PERFKIT_ROOT")
     found = Path(root) if root else project_root(Path.cwd().resolve())
     if found is not None:
@@ -114,7 +119,10 @@ def _launch() -> None:
     from ipykernel import kernelapp
 
     app = kernelapp.IPKernelApp.instance()
-    app.initialize()
+    app.initialize(argv)
+    inline = sys.modules.get("matplotlib_inline.backend_inline")
+    if warm and inline is not None:
+        inline._enable_matplotlib_integration()
     cap = os.environ.get(OUTPUT_CAP_ENV, "")
     if cap.isdigit():  # set by `perfkit run` for its probes; a kernel in JupyterLab prints everything
         cap_streams(int(cap))
@@ -122,4 +130,4 @@ def _launch() -> None:
 
 
 if __name__ == "__main__":
-    _launch()
+    launch()

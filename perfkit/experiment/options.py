@@ -143,6 +143,13 @@ class RunOptions:
         type=int,
         metavar="N",
     )
+    fresh_processes: bool = _flag(
+        False,
+        "--fresh-processes",
+        "start every replicate as two fresh interpreters (executor and kernel) instead of forking it from its "
+        "round's warm template, which has imported what the probes import",
+        action="store_true",
+    )
     command: str = ""  # the command line, as recorded in the results
     retry_unfit: bool = True  # re-run, once, a replicate measured while the machine was busy
     ledger: bool = True  # commit the verdicts to hypotheses/ledger/ (perfkit check measures, never commits)

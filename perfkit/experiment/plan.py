@@ -230,8 +230,12 @@ def plan(
     *,
     replicates: int = 1,
     note: Callable[[str], None] = print,
+    samples: dict[str, dict[str, int]] | None = None,
 ) -> Plan:
-    """The distinct executions the hypotheses need; an override no selected probe declares is an error."""
+    """The distinct executions the hypotheses need; an override no selected probe declares is an error.
+
+    `samples`: sample counts chosen for executions (by their key without them, replicates.py); every
+    hypothesis that reads such an execution reads it with them."""
     quick, overrides = options.quick, options.overrides
     declared_cache: dict[str, dict] = {}
     used_overrides: set[str] = set()
@@ -271,6 +275,9 @@ def plan(
             server = _server(declared, point, servers)
             seen = {**environment, "server": server} if server else environment
             key = execution_key(code, point, basis.source_hash, options.profile, seen, under_test.digest)
+            if samples and key in samples:
+                point = {**point, **samples[key]}
+                key = execution_key(code, point, basis.source_hash, options.profile, seen, under_test.digest)
             code_of[key] = under_test
             by_key.setdefault(
                 key, Execution(key=key, notebook=h.probe.notebook, params=point, threads=threads, server=server)

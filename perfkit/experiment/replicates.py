@@ -1,27 +1,35 @@
-"""The replicate policy: how many processes a run measures, when it adds more, and at what confidence.
+"""The replicate policy: how many processes a run measures, with how many samples each, when it adds
+more, and at what confidence.
 
-Everything that decides "when does a run add replicates?" is here:
-- a run starts with `first` replicates per execution (DEFAULT_REPLICATES per mode, `--replicates`,
-  or a record's `probe.replicates`);
-- after judging, an inconclusive verdict whose interval straddles an edge gets a forecast
-  (`forecast`: how many replicates would likely clear the edge at the measured spread, from
-  perfkit.stats.replicates_to_decide); the run grows those executions toward it (`grow`), up to
-  `most`, and looks again, at most MORE_LOOKS more times;
-- every look spends part of the 5% (Bonferroni with unequal shares, fixed before any data): the
-  first look FIRST_SHARE of it, each later one an equal part of the rest, so a verdict the first
-  look decides is judged at 96% rather than 98.3%; the level a verdict was judged at is the one
-  every view prints for it;
-- a time budget (`--budget`, QUICK_BUDGET_S by default with --quick) lets the run add only the
-  replicates whose forecast cost, from the replicates it already ran, fits in the time left
-  (`afford`); the hypotheses left out say so;
+Everything that decides "how many replicates, and when more?" is here:
+- the first round is planned from what the ledger knows (`plan`): a hypothesis whose standing fit
+  measurement (its record unchanged since) decided far from its bound gets the minimum, `first`
+  replicates; one near its bound gets up front the replicates its forecast asks for (the stored spread
+  of its unit estimates, at the first look's level, `MARGIN` to spare), up to `most`; one too close to
+  its bound to decide within `most` gets the minimum (it is said so); with nothing known, a pilot of
+  `first`. A record may let perfkit choose sample counts (`probe.samples: {repeat: [10, 80]}`): the
+  plan then picks the split of processes and samples that decides soonest for the seconds it costs,
+  from the measured share of the variance that lies between processes and the set-up cost of a
+  process against the cost of a sample (the nested design's optimum, searched over the range);
+- a time budget (`--budget`, QUICK_BUDGET_S by default with --quick) bounds the whole run's
+  measuring, the first round included (`afford`): what it cannot pay for is left out, cheapest
+  decisions first in, and says what it would have needed;
+- after judging, an inconclusive verdict whose interval straddles an edge gets a forecast (`forecast`,
+  from perfkit.stats.replicates_to_decide); the run grows those executions toward it (`grow`), up to
+  `most`, within the budget left, and looks again, at most MORE_LOOKS more times;
+- the 5% a verdict may be wrong is spent over its looks by a spending function fixed before any data
+  (`confidence`): FIRST_SHARE of it at the first look, the rest in proportion to the replicates added
+  towards `most`, each later look's level computed from the correlation of the looks
+  (stats.sequential_levels, Lan-DeMets) rather than split as if they were independent;
 - `stopped` says, per hypothesis, why the run added no more.
-Full runs add up to three times `first` with no time limit unless given one; quick runs as many,
-within their budget (`--budget 0`: none).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from perfkit import stats, units
 from perfkit.experiment.verdict import UNFIT_REASON, Judgement, Verdict
@@ -29,28 +37,40 @@ from perfkit.experiment.verdict import UNFIT_REASON, Judgement, Verdict
 #: independent kernel processes per execution when neither the command nor the record says
 DEFAULT_REPLICATES = {"quick": 3, "full": 5}
 MORE_LOOKS = 2  # times a run may add replicates to verdicts the first look left undecided
-FIRST_SHARE = 0.8  # of the 5% error rate, what the first look spends when the run may look again
-QUICK_BUDGET_S = 330.0  # --quick's default --budget: replicates are added only while the run is under 5.5 min
+FIRST_SHARE = 0.9  # of the 5% error rate, what the first look spends when the run may look again
+QUICK_BUDGET_S = 300.0  # --quick's default --budget: the whole run's measuring, about 5 minutes
+MARGIN = 0.8  # a plan asks for an interval this share of the distance to the edge: the stored spread is itself noisy
 
 
 @dataclass(frozen=True)
 class Policy:
-    first: int  # replicates planned per execution
+    first: int  # the fewest replicates planned per execution
     most: int  # the most a run may grow an execution to
-    budget_s: float | None = None  # the run's wall-clock seconds within which it may add replicates
+    budget_s: float | None = None  # the run's wall-clock seconds for all of its measuring
 
     @property
     def looks(self) -> int:
         """How many times the run may judge the evidence (each look after the first adds replicates)."""
         return 1 + (MORE_LOOKS if self.most > self.first and self.budget_s != 0 else 0)
 
-    def confidence(self, look: int = 0) -> float:
-        """The level look `look` (0: the first) judges at: its share of the 5%, fixed before any data."""
+    def spent(self, fractions: Sequence[float]) -> list[float]:
+        """The error spent by each look, at these shares of `most` replicates: FIRST_SHARE of the 5% at
+        the first, then the rest in proportion to the replicates added; all of it at `most`."""
         alpha = 1.0 - stats.CONFIDENCE
+        t1 = fractions[0]
+        if self.looks == 1 or t1 >= 1.0:
+            return [alpha for _ in fractions]
+        return [alpha * (FIRST_SHARE + (1.0 - FIRST_SHARE) * min(1.0, (t - t1) / (1.0 - t1))) for t in fractions]
+
+    def confidence(self, counts: Sequence[int] = ()) -> float:
+        """The level a verdict is judged at when its replicates at each look so far were `counts` (the
+        last: now); with none given, the first look's. Fixed by the spending function before any data."""
         if self.looks == 1:
             return stats.CONFIDENCE
-        share = FIRST_SHARE if look == 0 else (1.0 - FIRST_SHARE) / (self.looks - 1)
-        return 1.0 - alpha * share
+        if len(counts) < 2:
+            return 1.0 - self.spent([min(1.0, (counts[0] if counts else self.first) / self.most)])[0]
+        fractions = tuple(min(1.0, n / self.most) for n in counts)
+        return _levels(fractions, tuple(self.spent(fractions)))[-1]
 
     def afford(
         self,
@@ -128,6 +148,12 @@ class Policy:
         return f"reached --max-replicates ({self.most})"
 
 
+@functools.lru_cache(maxsize=256)
+def _levels(fractions: tuple[float, ...], spent: tuple[float, ...]) -> list[float]:
+    """stats.sequential_levels, once per design: a run judges many hypotheses at the same looks."""
+    return stats.sequential_levels(fractions, spent)
+
+
 def policy(*, quick: bool, replicates: int | None, max_replicates: int | None, budget_s: float | None = None) -> Policy:
     """The run's policy from its options (`--quick`, `--replicates`, `--max-replicates`, `--budget`)."""
     first = replicates or DEFAULT_REPLICATES["quick" if quick else "full"]
@@ -146,3 +172,207 @@ def forecast(est: stats.Estimate, edges: list[float]) -> tuple[str, int | None]:
     if est.replicates == 1:
         return f"{why}: one process cannot decide it; about {needed} replicates would", needed
     return f"{why}: about {needed} replicates would likely decide it ({est.replicates} ran)", needed
+
+
+# ---------------------------------------------------------------- the first round, planned
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the ledger knows of a hypothesis: its standing fit measurement, its record unchanged since."""
+
+    run_id: str
+    verdict: str
+    value: float
+    spread: float  # standard deviation of its unit estimates (log scale when `log`)
+    log: bool
+    replicates: int
+    edges: tuple[float | None, float | None]  # the (at least, at most) the claim compares it with
+    between: float = 0.5  # share of a replicate estimate's variance that lies between processes
+    counts: dict[str, int] = field(default_factory=dict)  # the sample counts it was measured with
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one replicate of an execution cost when it was last measured: its set-up, then its measuring."""
+
+    setup_s: float
+    measure_s: float
+    counts: dict[str, int] = field(default_factory=dict)  # the sample counts it was measured with
+
+    def at(self, counts: dict[str, int]) -> float:
+        """Seconds a replicate takes with these sample counts: its measuring in proportion to them."""
+        if not self.counts:
+            return self.setup_s + self.measure_s
+        ratios = [counts.get(name, n) / n for name, n in self.counts.items() if n > 0]
+        return self.setup_s + self.measure_s * (sum(ratios) / len(ratios) if ratios else 1.0)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A hypothesis's part of the first round: replicates, sample counts, their cost and why."""
+
+    replicates: int
+    counts: dict[str, int]
+    seconds: float  # its executions' replicates, in all
+    why: str
+    decides: bool  # the forecast says this decides it (False: a pilot, or too close to its bound)
+
+
+def edges_to_clear(value: float, edges: tuple[float | None, float | None]) -> list[float]:
+    """The edges an interval around `value` must clear to decide (as `kinds.base.bounds` reads them)."""
+    at_least, at_most = edges
+    if at_least is not None and value < at_least:
+        return [at_least]
+    if at_most is not None and value > at_most:
+        return [at_most]
+    return [e for e in (at_least, at_most) if e is not None]
+
+
+def _distance(known: Known, edge: float) -> float | None:
+    if known.log:
+        return abs(math.log(known.value / edge)) if known.value > 0 and edge > 0 else None
+    return abs(known.value - edge)
+
+
+def _sample_grid(ranges: dict[str, tuple[int, int]], base: dict[str, int]) -> list[dict[str, int]]:
+    """Candidate sample counts: every range scaled together by factors from its low to its high end."""
+    if not ranges:
+        return [{}]
+    factors = {1.0}
+    for name, (low, high) in ranges.items():
+        start = base.get(name, low)
+        steps = 12
+        factors |= {(low * (high / low) ** (i / steps)) / start for i in range(steps + 1)}
+    out = []
+    for f in sorted(factors):
+        counts = {n: min(hi, max(lo, round(base.get(n, lo) * f))) for n, (lo, hi) in ranges.items()}
+        if counts not in out:
+            out.append(counts)
+    return out
+
+
+def pilot_counts(ranges: dict[str, tuple[int, int]], given: dict[str, int]) -> dict[str, int]:
+    """The sample counts a hypothesis with no measurement starts from: the record's own, else mid-range."""
+    return {n: given.get(n) or round(math.sqrt(lo * hi)) for n, (lo, hi) in ranges.items()}
+
+
+def replicates_for(known: Known, spread: float, confidence: float, *, first: int, most: int) -> int | None:
+    """The fewest replicates (from `first` to `most`) whose interval at this spread clears every edge
+    with MARGIN to spare; None when even `most` would not."""
+    distances = [_distance(known, e) for e in edges_to_clear(known.value, known.edges)]
+    if not distances or any(d is None or d <= 0 for d in distances):
+        return None
+    for r in range(max(first, 2), most + 1):
+        if stats.t_quantile(0.5 + confidence / 2.0, r - 1) * spread / math.sqrt(r) < MARGIN * min(distances):
+            return r
+    return None
+
+
+def choose(
+    policy: Policy,
+    known: Known | None,
+    costs: list[Cost],
+    *,
+    ranges: dict[str, tuple[int, int]],
+    given: dict[str, int],
+    confidence: float,
+) -> Choice:
+    """The replicates and sample counts that decide a hypothesis in the fewest seconds, by its forecast.
+
+    `costs`: a replicate of each execution it reads, as last measured (empty: unknown). A unit
+    estimate's variance is the between-process part plus the within part, which shrinks as 1/n with
+    the sample count n; a replicate costs its set-up plus n samples. So where processes differ little
+    and set-up is dear, more samples per process decide soonest; where they differ, more processes.
+    """
+    pilot = pilot_counts(ranges, given)
+
+    def seconds(counts: dict[str, int], r: int) -> float:
+        return r * sum(c.at(counts) for c in costs)
+
+    if known is None or not math.isfinite(known.spread):
+        return Choice(
+            policy.first, pilot, seconds(pilot, policy.first), "a pilot: the ledger has no measurement of it yet", False
+        )
+    base = {n: known.counts.get(n, pilot[n]) for n in ranges}
+    best: tuple[float, int, dict[str, int]] | None = None
+    for counts in _sample_grid(ranges, base):
+        scale = sum(base[n] / counts[n] for n in ranges) / len(ranges) if ranges else 1.0  # n0 / n
+        spread = known.spread * math.sqrt(known.between + (1.0 - known.between) * scale)
+        r = replicates_for(known, spread, confidence, first=policy.first, most=policy.most)
+        if r is not None and (best is None or (seconds(counts, r), -r) < (best[0], -best[1])):
+            best = (seconds(counts, r), r, counts)
+    shown = units.format_number(known.value)
+    if best is None:
+        cheapest = {n: lo for n, (lo, _) in ranges.items()}
+        edge = ", ".join(units.format_number(e) for e in edges_to_clear(known.value, known.edges))
+        return Choice(
+            policy.first,
+            cheapest,
+            seconds(cheapest, policy.first),
+            f"{shown} sits too close to {edge} to decide within {policy.most} replicates; the minimum",
+            False,
+        )
+    cost, r, counts = best
+    if known.verdict in (Verdict.CONFIRMED.value, Verdict.REFUTED.value):
+        why = f"{known.verdict} last run at {known.replicates} ({shown})"
+    else:
+        edge = ", ".join(units.format_number(e) for e in edges_to_clear(known.value, known.edges))
+        why = f"last interval straddled {edge} ({shown} measured at {known.replicates})"
+    return Choice(r, counts, cost, why, True)
+
+
+def fit_first_round(
+    policy: Policy,
+    wanted: dict[str, int],
+    have: dict[str, int],
+    needs: dict[str, tuple[str, ...]],
+    seconds: dict[str, float],
+    budget_s: float | None,
+    *,
+    decides: dict[str, bool],
+) -> tuple[dict[str, int], dict[str, float], dict[str, float]]:
+    """The first round that fits in `budget_s`: (replicates per execution key, hypotheses left out with the
+    seconds their minimum would have needed, hypotheses measured at the minimum for want of the seconds
+    their forecast asked for).
+
+    The minimum (`have`) of every execution is measured if it fits. When it does not, executions are left
+    out whole, with every hypothesis that reads them, fewest decisions per second first: those none of
+    whose readers the forecast says would decide, the dearest of them first, then the rest by the
+    decisions they bring for their seconds. What is left pays for the replicates the forecasts ask
+    for, the cheapest decision first (`afford`).
+    """
+    if budget_s is None:
+        return dict(wanted), {}, {}
+    counts = dict(have)
+    kept = dict(needs)
+    left_out: dict[str, float] = {}
+
+    def total() -> float:
+        return sum(n * seconds[k] for k, n in counts.items())
+
+    def worth(k: str) -> tuple[float, float]:
+        readers = [h for h, keys in kept.items() if k in keys]
+        return sum(1 for h in readers if decides.get(h, False)) / max(counts[k] * seconds[k], 1e-9), -counts[
+            k
+        ] * seconds[k]
+
+    while total() > budget_s and kept:
+        live = sorted(
+            {k for keys in kept.values() for k in keys if counts[k] and seconds[k] > 0}, key=lambda k: (*worth(k), k)
+        )
+        if not live:
+            break
+        dropped = live[0]
+        for hid in [h for h, keys in kept.items() if dropped in keys]:
+            left_out[hid] = sum(have[k] * seconds[k] for k in needs[hid])
+            del kept[hid]
+        for k in list(counts):
+            if counts[k] and not any(k in keys for keys in kept.values()):
+                counts[k] = 0
+    if not kept:
+        return counts, left_out, {}
+    live = {k for keys in kept.values() for k in keys}
+    grown = {k: (wanted[k] if k in live else counts[k]) for k in counts}
+    afforded, short = policy.afford(grown, counts, kept, seconds, budget_s - total())
+    return afforded, left_out, short

@@ -31,6 +31,9 @@ Format history (`format_version`), the same numbers for both files:
      an execution says the `cpus` it was pinned to ("0-3"; null: not pinned).
   8: an execution says the `server` it measured, when its probe drives one (`experiment/served.py`:
      the model, root and engine identity a live server gave, or that the probe started its own).
+  9: a result's `measured` has the `spread` of its unit estimates (log scale when `log`), for a later
+     run's forecast; an execution says what its `setup_s` cost (from its launch to its first recording cell) and
+     whether it was `warm` (forked from its round's template) or a fresh process (null: not said).
 Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file is refused.
 """
 
@@ -54,7 +57,7 @@ from perfkit.files import VERSION_KEY, Reader, dumps, encode_number, read_json, 
 from perfkit.paths import Project
 from perfkit.samples import MetricRecord
 
-FORMAT_VERSION = 8
+FORMAT_VERSION = 9
 VERDICTS = ("confirmed", "refuted", "inconclusive", "error")
 PLANNED = "planned"
 STATUSES = (PLANNED, "ok", "error", "timeout", "crashed")
@@ -122,6 +125,8 @@ class Execution:
     threads: int | None = None  # CPU threads every replicate of it ran with (decided once, by the plan)
     cpus: str | None = None  # the CPUs this replicate was pinned to, e.g. "0-3" (None: not pinned, before format 7)
     server: dict[str, Any] | None = None  # the live server it measured (experiment/served.py), if it drove one
+    setup_s: float | None = None  # from its launch to its first recording cell: kernel, imports, engine, server
+    warm: bool | None = None  # forked from its round's template (experiment/warm.py); False: a fresh process
 
     def label(self) -> str:
         shown = " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
@@ -159,6 +164,8 @@ class Execution:
             threads=r.get("threads", int, optional=True),
             cpus=r.get("cpus", str, optional=True),
             server=r.get("server", dict, optional=True),
+            setup_s=r.number("setup_s", optional=True),
+            warm=r.get("warm", bool, optional=True),
         )
 
 
@@ -203,7 +210,7 @@ class HypothesisResult:
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if k != "executions"}
         if data["measured"]:
-            for key in ("value", "low", "high", "between"):
+            for key in ("value", "low", "high", "between", "spread"):
                 data["measured"][key] = _number_json(data["measured"][key])
         for m in data["metrics"]:
             for key in ("mean", "low", "high", "std", "between"):
@@ -245,6 +252,8 @@ class HypothesisResult:
                 samples=m.get("samples", int, optional=True),
                 between=m.number("between", optional=True),
                 confidence=m.number("confidence", optional=True),
+                spread=m.number("spread", optional=True, nan=False),
+                log=m.get("log", bool, optional=True),
             ),
             off_by=r.get("off_by", str, optional=True),
             floor=None
@@ -405,6 +414,19 @@ def _7_to_8(old: dict) -> dict:
     return old
 
 
+def _8_to_9(old: dict) -> dict:
+    """Earlier executions did not say what their set-up cost, nor how their process started; earlier
+    measurements did not keep their spread and edges (null: a later run pilots them afresh)."""
+    for h in old.get("hypotheses", []):
+        if isinstance(h, dict) and isinstance(h.get("measured"), dict):
+            for key in ("spread", "log"):
+                h["measured"].setdefault(key, None)
+    for x in _executions_in(old):
+        x.setdefault("setup_s", None)
+        x.setdefault("warm", None)
+    return old
+
+
 UPGRADES: dict[int, Callable[[dict], dict]] = {
     1: _1_to_2,
     2: _2_to_3,
@@ -413,6 +435,7 @@ UPGRADES: dict[int, Callable[[dict], dict]] = {
     5: _5_to_6,
     6: _6_to_7,
     7: _7_to_8,
+    8: _8_to_9,
 }
 
 

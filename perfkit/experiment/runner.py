@@ -18,10 +18,10 @@ from typing import Any
 
 from perfkit.errors import UserError
 from perfkit.experiment import cluster as remote
-from perfkit.experiment import code, commit, config, replicates, rundir, schedule, why
+from perfkit.experiment import code, commit, config, priors, replicates, rundir, schedule, why
 from perfkit.experiment.context import Printer, RunContext
 from perfkit.experiment.hypothesis import Hypothesis, load_hypotheses
-from perfkit.experiment.judging import Judged, judged
+from perfkit.experiment.judging import Evidence, Judged, judged
 from perfkit.experiment.options import RunOptions
 from perfkit.experiment.plan import Basis, environment_key, plan, source_tree_hash
 from perfkit.experiment.results import RunResults, load_all_results
@@ -94,11 +94,17 @@ def _start(
         say(f"cluster {options.cluster}: {remote.where(client)}")
     basis = Basis(source_hash, environment, code_for)
     the_plan = plan(project, hypotheses, options, basis, replicates=policy.first, note=say)
+    first = _first_round(project, hypotheses, options, policy, the_plan, basis, warm=client is None)
+    the_plan = first.plan
+    for line in first.lines:
+        say(line)
     if client is not None:
         remote.check_resources(client, the_plan.resources, {x.key: x.label() for x in the_plan.executions})
     now = why.Now(the_plan.notebooks, the_plan.code, source_hash, environment, options.profile)
     run_dir = rundir.new_run_dir(project)
     ctx = RunContext(project, options, run_dir, policy, the_plan, say, now, limits, client)
+    ctx.left_out = first.left_out
+    ctx.out_of_time.update(first.short)
     ctx.probes = run_dir.freeze_probes(the_plan.sources)  # what every replicate executes: the bytes the keys hashed
     recorded = options.recorded() | {"replicates": policy.first, "hypotheses": [h.id for h in hypotheses]}
     manifest = rundir.manifest(ctx.run_dir, command=options.command, options=recorded, source_hash=source_hash)
@@ -111,17 +117,58 @@ def _start(
     ctx.run_dir.write_manifest(manifest)
     for killed in rundir.mark_killed_runs(project, by=ctx.run_dir.run_id):
         say(f"run {killed} was killed while running (its process is gone): its manifest now says so")
-    manifest["environment"] = snapshot.snapshot(root=project.code_root)
+    manifest["environment"] = snapshot.snapshot(root=project.code_root, import_torch=False)  # the probes import it
     return ctx, manifest
 
 
+def _first_round(
+    project: Project,
+    hypotheses: list[Hypothesis],
+    options: RunOptions,
+    policy: replicates.Policy,
+    the_plan,
+    basis: Basis,
+    *,
+    warm: bool,
+) -> priors.FirstRound:
+    """The first round planned from the ledger (priors.py): replicates and sample counts, within --budget."""
+
+    def replan(chosen: dict[str, dict[str, int]]):
+        return plan(project, hypotheses, options, basis, replicates=policy.first, note=lambda _: None, samples=chosen)
+
+    def reusable(x) -> int:
+        return 0 if options.force else schedule.stored_replicates(project, x)
+
+    return priors.first_round(
+        hypotheses,
+        the_plan,
+        policy,
+        load_all_results(project),
+        quick=options.quick,
+        warm=warm and not options.fresh_processes and not options.profile,
+        fixed=set(options.overrides),
+        reusable=reusable,
+        replan=replan,
+    )
+
+
 def judge_all(ctx: RunContext, hypotheses: list[Hypothesis], look: int = 0) -> list[Judged]:
-    """Every hypothesis judged from the replicates of the executions it reads, at the look's level."""
+    """Every hypothesis judged from the replicates of the executions it reads, at its look's level (the
+    error spent by then, from its replicates at each of its looks); one the budget left out says so."""
     replicated = ctx.plan.replicated()
     out = []
     for h in hypotheses:
+        if h.id in ctx.left_out:
+            out.append(
+                Judged(h, Judgement(Verdict.INCONCLUSIVE, ctx.left_out[h.id], h.expect.expected()), Evidence(()))
+            )
+            continue
         executions = [ctx.done[x.id] for x in replicated if x.key in ctx.plan.needs[h.id]]
-        out.append(judged(h, executions, confidence=ctx.policy.confidence(look)))
+        counts = ctx.looked.setdefault(h.id, [])
+        now = max((ctx.plan.replicates[k] for k in ctx.plan.needs[h.id]), default=0)
+        if not counts or now > counts[-1]:
+            counts.append(now)
+        out.append(judged(h, executions, confidence=ctx.policy.confidence(counts)))
     return out
 
 
@@ -136,7 +183,7 @@ def _within_budget(ctx: RunContext, grown: dict[str, int]) -> dict[str, int] | N
     every = [w for ws in walls.values() for w in ws] or [0.0]
     at_once = max(1, ctx.options.at_once())
     seconds = {k: sum(walls.get(k, every)) / len(walls.get(k, every)) / at_once for k in grown}
-    left = ctx.policy.budget_s - (time.monotonic() - ctx.started)
+    left = ctx.policy.budget_s - (time.monotonic() - ctx.started) - priors.RUN_S / 2  # the plots and ledger to come
     counts, left_out = ctx.policy.afford(grown, ctx.plan.replicates, ctx.plan.needs, seconds, left)
     for hid in ctx.plan.needs:  # the budget's last word on each: left out now, or afforded after all
         if hid in left_out:
@@ -170,7 +217,8 @@ def measure_and_judge(ctx: RunContext, hypotheses: list[Hypothesis]) -> list[Jud
     return [
         replace(
             i,
-            stopped=ctx.policy.stopped(
+            stopped=ctx.left_out.get(i.hypothesis.id)
+            or ctx.policy.stopped(
                 i.judgement,
                 [ctx.plan.replicates[k] for k in ctx.plan.needs[i.hypothesis.id]],
                 ctx.out_of_time.get(i.hypothesis.id) if i.judgement.verdict is Verdict.INCONCLUSIVE else None,

@@ -19,12 +19,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from perfkit.experiment import cluster as remote
 from perfkit.experiment import execute as executor
 from perfkit.experiment import profiling, why
+from perfkit.experiment import warm as warm_replicates
 from perfkit.experiment.context import RunContext
 from perfkit.experiment.plan import REPLICATE_PARAM
 from perfkit.experiment.results import Execution, read_execution, write_execution
@@ -53,6 +54,14 @@ def find_cached(project: Project, planned: Execution, current_run: str) -> Execu
     return None
 
 
+def stored_replicates(project: Project, planned: Execution) -> int:
+    """How many replicates of this execution's key, from replicate 0 on, earlier runs measured well."""
+    count = 0
+    while find_cached(project, replace(planned, replicate=count), current_run="") is not None:
+        count += 1
+    return count
+
+
 def label(x: Execution) -> str:
     return f"{x.label()} [replicate {x.replicate}]"
 
@@ -68,30 +77,35 @@ def finish(exec_dir: Path, ended: executor.Ended, *, tag: str, ctx: RunContext) 
     detail = f"{len(execution.records)} records" if execution.status == "ok" else execution.reason
     status = "ok" if execution.status == "ok" else execution.status.upper()
     on = f" on {execution.host}" if execution.host else ""
+    setup = (
+        "" if execution.setup_s is None else f" (set-up {execution.setup_s:.1f} s{', warm' if execution.warm else ''})"
+    )
     ctx.say(
-        f"{tag} finished {label(execution)}{on}  {execution.wall_s:.1f} s  {status}: {detail}"
+        f"{tag} finished {label(execution)}{on}  {execution.wall_s:.1f} s{setup}  {status}: {detail}"
         + (f"  UNFIT: {execution.unfit}" if execution.unfit else "")
     )
     return execution
 
 
-def _execute_one(
-    ctx: RunContext, planned: Execution, kernel_dir: Path, slots: queue.Queue, *, told: bool, tag: str
-) -> Execution:
+def _execute_one(ctx: RunContext, planned: Execution, kernels: Kernels, slots: queue.Queue, *, tag: str) -> Execution:
     """One replicate on this machine, on a slot of CPUs no other execution of the run uses meanwhile."""
     cpus = slots.get()
     try:
-        return _on_slot(ctx, planned, kernel_dir, cpus, told=told, tag=tag)
+        return _on_slot(ctx, planned, kernels, cpus, tag=tag)
     finally:
         slots.put(cpus)
 
 
-def _on_slot(
-    ctx: RunContext, planned: Execution, kernel_dir: Path, cpus: tuple[int, ...], *, told: bool, tag: str
-) -> Execution:
+def _threads(ctx: RunContext, planned: Execution) -> int:
+    return planned.threads or fitness.threads_for(ctx.options.jobs)  # decided by the plan, for every replicate
+
+
+def _on_slot(ctx: RunContext, planned: Execution, kernels: Kernels, cpus: tuple[int, ...], *, tag: str) -> Execution:
     exec_dir = ctx.run_dir.execution_dir(planned.id)
     exec_dir.mkdir(parents=True, exist_ok=True)
-    threads = planned.threads or fitness.threads_for(ctx.options.jobs)  # decided by the plan, for every replicate
+    threads = _threads(ctx, planned)
+    template = kernels.templates.get(threads)
+    kernel_dir = kernels.warm if template is not None else kernels.fresh
     waited = fitness.wait_for_cores(threads, on=cpus)
     env = fitness.thread_env(threads)
     profiled = profiling.prepare(ctx.options.profile, ctx.probes[planned.notebook], exec_dir)
@@ -107,8 +121,9 @@ def _on_slot(
         kernel_dir=kernel_dir,
         timeout_s=ctx.options.timeout_s,
         env={**env, **(profiled.env or {})},
-        extra={REPLICATE_PARAM: planned.replicate} if told else None,
+        extra={REPLICATE_PARAM: planned.replicate} if planned.key in ctx.plan.told else None,
         cpus=cpus,
+        template=None if profiled.kernel_prefix else template,
     )
     wait = f", after waiting {waited:.0f} s for free cores" if waited >= 1 else ""
     ctx.say(f"{tag} start    {label(planned)}  ({threads} threads on CPU {fitness.cpu_list(cpus)}{wait})")
@@ -176,26 +191,64 @@ def _slots(ctx: RunContext, batch: list[Execution]) -> queue.Queue:
     return slots
 
 
-def _round(ctx: RunContext, batch: list[Execution], tags: dict[str, str], done: dict) -> None:
+@dataclass
+class Kernels:
+    """Where a round's kernels come from: the kernelspec folders, and the templates warm replicates fork from
+    (one per thread count in the round; none with --fresh-processes, a profiler or a failed start)."""
+
+    fresh: Path
+    warm: Path
+    templates: dict[int, warm_replicates.Template] = field(default_factory=dict)
+
+    def close(self) -> None:
+        for template in self.templates.values():
+            template.close()
+
+
+def _kernels(ctx: RunContext, batch: list[Execution], name: str) -> Kernels:
+    """The round's kernelspecs and, for warm replicates, its templates, started before any replicate runs."""
+    kernels = Kernels(
+        fresh=executor.ensure_kernelspec(ctx.run_dir.path / "jupyter"),
+        warm=executor.ensure_kernelspec(ctx.run_dir.path / "jupyter-warm", warm=True),
+    )
+    if ctx.options.fresh_processes or ctx.options.profile:
+        return kernels
+    preload = warm_replicates.preloads([ctx.plan.sources[n] for n in sorted({x.notebook for x in batch})])
+    for threads in sorted({_threads(ctx, x) for x in batch}):
+        env = executor.child_environment(kernels.warm, ctx.project.code_root, fitness.thread_env(threads))
+        try:
+            template = warm_replicates.Template(env=env, preload=preload, root=ctx.project.code_root)
+        except warm_replicates.TemplateFailed as exc:
+            ctx.say(f"[warm]    {name}: {exc}; its replicates start as fresh processes")
+            continue
+        kernels.templates[threads] = template
+        ready = template.ready
+        ctx.say(
+            f"[warm]    {name}: a template with {len(ready['imported'])} modules imported in {ready['seconds']:.1f} s "
+            f"({threads} threads); each of its {len(batch)} replicates is forked from it"
+        )
+    return kernels
+
+
+def _round(ctx: RunContext, batch: list[Execution], tags: dict[str, str], done: dict, *, name: str) -> None:
     """Execute one round's executions, `--jobs` at a time (or on the cluster), filling `done` as each ends."""
     if ctx.client is not None:
         _on_cluster(ctx, batch, tags, done)
         return
-    kernel_dir = executor.ensure_kernelspec(ctx.run_dir.path / "jupyter")
     executor.allow_executions()
+    kernels = _kernels(ctx, batch, name)
     slots = _slots(ctx, batch)
     pool = ThreadPoolExecutor(max_workers=slots.qsize())
     try:
-        futures = {
-            pool.submit(_execute_one, ctx, x, kernel_dir, slots, told=x.key in ctx.plan.told, tag=tags[x.id]): x
-            for x in batch
-        }
+        futures = {pool.submit(_execute_one, ctx, x, kernels, slots, tag=tags[x.id]): x for x in batch}
         for future, x in futures.items():
             done[x.id] = future.result()
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         executor.kill_all()
         raise
+    finally:
+        kernels.close()
     pool.shutdown()
 
 
@@ -254,7 +307,8 @@ def _retry_unfit(ctx: RunContext, ran: list[Execution]) -> None:
         first_try.rename(first_try.with_name(first_try.name + "-unfit"))
     again: dict[str, Execution] = {}
     total = len(ran) + len(retry)  # the counter goes on from where the run's executions left it
-    _round(ctx, retry, {x.id: f"[{len(ran) + i + 1}/{total}]" for i, x in enumerate(retry)}, again)
+    tags = {x.id: f"[{len(ran) + i + 1}/{total}]" for i, x in enumerate(retry)}
+    _round(ctx, retry, tags, again, name="re-runs")
     for x in retry:
         if again[x.id].status == "ok":
             ctx.done[x.id] = again[x.id]
@@ -298,6 +352,6 @@ def execute(ctx: RunContext) -> None:
         batch = [x for x in to_run if x.replicate == r]
         random.Random(r).shuffle(batch)
         tags = {x.id: f"[{started + i + 1}/{len(to_run)}]" for i, x in enumerate(batch)}
-        _round(ctx, batch, tags, ctx.done)
+        _round(ctx, batch, tags, ctx.done, name=f"replicate {r}")
         started += len(batch)
     _retry_unfit(ctx, to_run)

@@ -31,6 +31,8 @@ class Measured:
     confidence: float | None = (
         None  # of the interval: 0.95, or less than 5% left per look when the run added replicates
     )
+    spread: float | None = None  # standard deviation of its unit estimates (log scale when `log`; format 9 on)
+    log: bool | None = None  # the interval was taken on the log scale
 
     def text(self) -> str:
         """'0.18 ms [0.16, 0.21]', 'share 2.47% [1.05, 4.17]': the one way a measured value is written."""
@@ -87,6 +89,8 @@ class Floor:
 
 #: how the reason of a verdict begins when no replicate was measured on a fit machine
 UNFIT_REASON = "the machine was not fit to measure on"
+#: ... and when the run's time budget left its probe unexecuted (replicates.fit_first_round)
+NOT_MEASURED = "not measured"
 
 
 class Verdict(StrEnum):

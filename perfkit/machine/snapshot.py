@@ -72,7 +72,37 @@ def _git(root: Path) -> dict:
     return {"commit": commit, "dirty": dirty}
 
 
-def _torch() -> dict:
+def _torch_from_metadata(gpus: list) -> dict:
+    """torch's version and CUDA build from its installed files, without the 2-3 s of importing it: what a
+    run records when nothing it does needs torch in its own process (its probes import it themselves)."""
+    import importlib.util
+    import re
+    from importlib import metadata
+
+    try:
+        version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return {"version": None, "note": "torch not installed"}
+    spec = importlib.util.find_spec("torch")
+    cuda = None
+    if spec is not None and spec.submodule_search_locations:
+        found = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+        text = found.read_text(encoding="utf-8") if found.is_file() else ""
+        match = re.search(r"^cuda(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        cuda = match.group(1) if match else None
+    return {
+        "version": version,
+        "cuda": cuda,
+        "cudnn": None,
+        "cuda_available": bool(cuda and gpus),
+        "threads": None,
+        "note": "read from its installed files, not imported",
+    }
+
+
+def _torch(*, imported: bool = True, gpus: list | None = None) -> dict:
+    if not imported and "torch" not in sys.modules:
+        return _torch_from_metadata(gpus or [])
     try:
         import torch
     except ImportError as exc:
@@ -144,7 +174,9 @@ def _nvidia() -> dict:
 # --- the snapshot ----------------------------------------------------------------------------------
 
 
-def snapshot(*, bandwidth: bool = True, refresh: bool = False, root: Path | None = None) -> dict:
+def snapshot(
+    *, bandwidth: bool = True, refresh: bool = False, root: Path | None = None, import_torch: bool = True
+) -> dict:
     """Everything about this machine a result depends on, as a JSON-able dict.
 
     `bandwidth`: include the measured memory bandwidth (cached per machine; measured once, a few
@@ -163,7 +195,7 @@ def snapshot(*, bandwidth: bool = True, refresh: bool = False, root: Path | None
             "executable": sys.executable,
         },
         "perfkit": {"version": perfkit.__version__, "git": _git(root or _PERFKIT_CHECKOUT)},
-        "torch": _torch(),
+        "torch": _torch(imported=import_torch, gpus=nvidia["gpus"]),
         "cpu": _cpu(),
         "memory": _memory(),
         "nvidia_driver": nvidia["driver"],
@@ -216,7 +248,8 @@ def format_snapshot(snap: dict) -> str:
             cuda += f", cuDNN {t['cudnn']}"
         if t.get("cuda") and not t.get("cuda_available"):
             cuda += ", no device"
-        row("torch", f"{t['version']} ({cuda}; {t['threads']} threads)")
+        threads = f"{t['threads']} threads" if t.get("threads") else "threads not read: torch not imported"
+        row("torch", f"{t['version']} ({cuda}; {threads})")
     else:
         row("torch", t.get("note", "absent"))
     c = snap["cpu"]

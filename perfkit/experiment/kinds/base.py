@@ -77,6 +77,10 @@ class Expect:
         """The expectation in words; with the floor's measured value once it is known."""
         raise NotImplementedError
 
+    def edges(self) -> tuple[float | None, float | None]:
+        """The (at least, at most) the measured quantity is compared with, in its unit (None: no such edge)."""
+        raise NotImplementedError
+
     def judge(self, points: list[Point], *, confidence: float = stats.CONFIDENCE) -> Judgement:
         """The verdict from every record of the probe's executions, at `confidence`; raises Inconclusive."""
         raise NotImplementedError
@@ -158,9 +162,16 @@ def samples(point: Point, unit: str | None, min_samples: int) -> list[list[float
 
 
 def measured(
-    label: str, unit: str | None, est: stats.Estimate, *, scale: float = 1.0, between: list[list[float]] | None = None
+    label: str,
+    unit: str | None,
+    est: stats.Estimate,
+    *,
+    scale: float = 1.0,
+    between: list[list[float]] | None = None,
 ) -> Measured:
-    """The verdict's measured quantity (times `scale`, e.g. 100 for a share in %) and what it rests on."""
+    """The verdict's measured quantity (times `scale`, e.g. 100 for a share in %) and what it rests on,
+    with the spread of its unit estimates, from which a later run forecasts what deciding it takes."""
+    finite = math.isfinite(est.spread)
     return Measured(
         label=label,
         unit=unit,
@@ -171,6 +182,8 @@ def measured(
         samples=est.n,
         between=stats.between_share(between) if between is not None else None,
         confidence=est.confidence,
+        spread=(est.spread if est.log else est.spread * scale) if finite else None,
+        log=est.log,
     )
 
 

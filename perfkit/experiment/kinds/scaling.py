@@ -44,6 +44,9 @@ class Scaling(Expect):
     def expected(self, floor: Floor | None = None) -> str:
         return f"{self.metric} ∝ {self.over}^k, k = {self._claim()}"
 
+    def edges(self) -> tuple[float | None, float | None]:
+        return self.exponent - self.tolerance, self.exponent + self.tolerance
+
     def judge(self, points: list[Point], *, confidence: float = stats.CONFIDENCE) -> Judgement:
         found = [p for p in candidates(points, self.metric, self.at) if self.over in p.at]
         if not found:

@@ -72,6 +72,11 @@ class Share(Expect):
     def expected(self, floor: Floor | None = None) -> str:
         return f"{self.metric} / {self.of} {range_text(self.at_least, self.at_most, _pct)}"
 
+    def edges(self) -> tuple[float | None, float | None]:
+        return tuple(
+            None if e is None else e * 100 for e in (self.at_least, self.at_most)
+        )  # the measured share is in %
+
     def judge(self, points: list[Point], *, confidence: float = stats.CONFIDENCE) -> Judgement:
         part = one(points, self.metric, self.at)
         whole = same_point(points, self.of, part.at)

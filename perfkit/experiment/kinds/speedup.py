@@ -50,6 +50,9 @@ class Speedup(Expect):
             f"{range_text(self.at_least, self.at_most, units.format_factor)}"
         )
 
+    def edges(self) -> tuple[float | None, float | None]:
+        return self.at_least, self.at_most
+
     def judge(self, points: list[Point], *, confidence: float = stats.CONFIDENCE) -> Judgement:
         base = one(points, self.baseline, self.at)
         cand = one(points, self.candidate, self.at)

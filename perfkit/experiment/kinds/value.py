@@ -66,6 +66,9 @@ class _Value(Expect):
     def _edges(self, reference: float) -> tuple[float | None, float | None]:
         raise NotImplementedError
 
+    def edges(self) -> tuple[float | None, float | None]:
+        return self._edges(1.0) if self.floor is not None else self._edges(self.value)
+
     def judge(self, points: list[Point], *, confidence: float = stats.CONFIDENCE) -> Judgement:
         point = one(points, self.metric, self.at)
         values = samples(point, self.unit, self.min_samples)

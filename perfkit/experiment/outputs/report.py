@@ -11,6 +11,7 @@ history. No script or style is fetched from anywhere: it opens from a file, offl
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import shutil
 from collections.abc import Callable
@@ -132,8 +133,7 @@ def render(
         out.append(f'<h2 id="changes">Changes against <code>{_e(base_name)}</code></h2>')
         if changed:
             out.append(
-                '<table id="changes"><tr><th>change</th><th>hypothesis</th><th>verdict</th>'
-                "<th>before</th><th>after</th></tr>"
+                "<table><tr><th>change</th><th>hypothesis</th><th>verdict</th><th>before</th><th>after</th></tr>"
             )
             for c in changed:
                 out.append(
@@ -184,8 +184,10 @@ def render(
 
 
 def inlined(project: Project) -> Callable[[str], str]:
-    """A plot as a data: URI of its bytes (a missing plot: its path, which shows as a broken image)."""
+    """A plot as a data: URI of its bytes (a missing plot: its path, which shows as a broken image);
+    each plot is read and encoded once, though the page shows it twice (thumbnail and section)."""
 
+    @functools.cache
     def image(plot: str) -> str:
         path = project.ledger_dir / plot
         if not path.is_file():

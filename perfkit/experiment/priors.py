@@ -1,0 +1,250 @@
+"""What the ledger knows before a run measures: each hypothesis's last measurement and what its replicates
+cost, and the first round planned from them (the replicate policy decides, replicates.py).
+
+For each selected hypothesis, the latest fit measurement in the same mode (quick or full) of the same
+record (its hash) is read back as a `replicates.Known`: the estimate, the spread of its unit estimates
+(stored from format 9 on; rebuilt from the interval of an older one), the edges the claim compares it
+with, and the share of a replicate's variance that lies between processes (from its metric summaries).
+Each planned execution's cost per replicate (set-up, then measuring, with the sample counts it ran)
+comes from the same measurement's executions of the same probe and parameters. The run then measures
+the first round the policy chooses, within its budget, and says in one line per execution why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from perfkit import stats
+from perfkit.experiment import history, replicates
+from perfkit.experiment.hypothesis import Hypothesis
+from perfkit.experiment.plan import Plan
+from perfkit.experiment.results import Execution, HypothesisResult, RunResults
+from perfkit.experiment.verdict import NOT_MEASURED
+
+FRESH_SETUP_S = 7.5  # what a fresh replicate cost outside its measuring cells, when an older record does not say
+WARM_SETUP_S = 1.0  # ... and a warm one (measured: 0.8-1.5 s for the shipped probes)
+UNKNOWN_COST_S = 20.0  # a replicate of an execution never measured before
+TEMPLATE_S = 4.0  # a round's warm template: an interpreter importing torch, papermill, ipykernel
+RUN_S = 20.0  # what a run spends outside its replicates: planning, the machine's snapshot, plots, the ledger
+
+
+def _log_scale(value: float, low: float, high: float) -> bool | None:
+    """Whether an interval was taken on the log scale (symmetric there), on the linear one, or neither."""
+    if value > 0 and low > 0 and high > 0:
+        up, down = math.log(high / value), math.log(value / low)
+        if abs(up - down) <= 1e-6 * max(1e-12, up + down):
+            return True
+    if abs((high - value) - (value - low)) <= 1e-6 * max(1e-300, high - low):
+        return False
+    return None
+
+
+def _spread(m) -> tuple[float, bool] | None:
+    """The unit estimates' spread and scale of a stored measurement (rebuilt from its interval before format 9)."""
+    if m.spread is not None and m.log is not None:
+        return m.spread, m.log
+    if not m.replicates or m.replicates < 2 or m.confidence is None:
+        return None
+    log = _log_scale(m.value, m.low, m.high)
+    if log is None:
+        return None
+    half = math.log(m.high / m.value) if log else m.high - m.value
+    return half * math.sqrt(m.replicates) / stats.t_quantile(0.5 + m.confidence / 2.0, m.replicates - 1), log
+
+
+def _between(result: HypothesisResult) -> float:
+    """The share of a replicate mean's variance between processes, the largest over the metrics it read."""
+    shares = []
+    for m in result.metrics:
+        if m.between is None or not m.replicates or m.replicates < 2 or not m.n:
+            continue
+        per = m.n / m.replicates
+        rho = m.between
+        shares.append(rho / (rho + (1.0 - rho) / per) if rho > 0 else 0.0)
+    return max(shares) if shares else 0.5
+
+
+def known(h: Hypothesis, entries: list[history.Entry], *, quick: bool) -> replicates.Known | None:
+    """The hypothesis's latest fit measurement of this record in this mode, as the policy reads it."""
+    for entry in reversed(entries):
+        r = entry.result
+        if history.attempt(entry) is not None or r.hash != h.hash or r.measured is None:
+            continue
+        if entry.run is None or entry.run.quick != quick:
+            continue
+        spread = _spread(r.measured)
+        if spread is None:
+            return None
+        counts = {}
+        for x in r.executions:
+            counts |= {n: v for n, v in x.params.items() if n in h.probe.samples and isinstance(v, int)}
+        return replicates.Known(
+            run_id=entry.run_id,
+            verdict=r.verdict,
+            value=r.measured.value,
+            spread=spread[0],
+            log=spread[1],
+            replicates=r.measured.replicates or 1,
+            edges=h.expect.edges(),
+            between=_between(r),
+            counts=counts,
+        )
+    return None
+
+
+def _without(params: dict, names: set[str]) -> dict:
+    return {k: v for k, v in params.items() if k not in names}
+
+
+def cost(x: Execution, entries: list[history.Entry], counted: set[str], *, warm: bool) -> replicates.Cost | None:
+    """A replicate of planned execution `x`, as the latest measurement of the same probe and parameters
+    (sample counts aside) cost; its set-up as a warm or fresh process, whichever this run starts."""
+    for entry in reversed(entries):
+        if history.attempt(entry) is not None:
+            continue
+        same = [
+            e
+            for e in entry.result.executions
+            if e.notebook == x.notebook
+            and _without(e.params, counted) == _without(x.params, counted)
+            and e.wall_s is not None
+            and not e.reused
+        ]
+        if not same:
+            continue
+        walls = [e.wall_s for e in same]
+        setups = [e.setup_s if e.setup_s is not None else min(FRESH_SETUP_S, 0.8 * w) for e, w in zip(same, walls)]
+        was_warm = all(e.warm for e in same)
+        setup = sum(setups) / len(setups)
+        measure = max(0.0, sum(walls) / len(walls) - setup)
+        now = setup if was_warm == warm else (WARM_SETUP_S if warm else FRESH_SETUP_S)
+        counts = {n: v for n, v in same[0].params.items() if n in counted and isinstance(v, int)}
+        return replicates.Cost(setup_s=now, measure_s=measure, counts=counts)
+    return None
+
+
+@dataclass
+class FirstRound:
+    """The first round as planned: the plan to measure, one line per execution, who was left out."""
+
+    plan: Plan
+    lines: list[str] = field(default_factory=list)
+    left_out: dict[str, str] = field(default_factory=dict)  # hypothesis id -> why it is not measured
+    seconds: float = 0.0  # the forecast of the round's measuring
+    short: dict[str, float] = field(default_factory=dict)  # measured at the minimum: the seconds its forecast wanted
+
+
+def first_round(
+    hypotheses: list[Hypothesis],
+    the_plan: Plan,
+    policy: replicates.Policy,
+    all_results: list[RunResults],
+    *,
+    quick: bool,
+    warm: bool,
+    fixed: set[str],
+    reusable,
+    replan,
+) -> FirstRound:
+    """The first round the policy chooses from what the ledger knows, within the run's budget.
+
+    `fixed`: sample-count parameters the command line set (never chosen); `reusable(execution)`: the
+    replicates an earlier run measured with that very key (0 with --force): such an execution is
+    measured again as it was, never given more replicates or other counts on the strength of its own
+    last verdict (that would be looking again at the same evidence, across runs, without paying for the
+    look); `replan(counts)` makes the plan again with the chosen sample counts of each execution (by its
+    key in `the_plan`)."""
+    entries = history.history(all_results)
+    by_id = {h.id: h for h in hypotheses}
+    counted = {n for h in hypotheses for n in h.probe.samples}
+    by_key = {x.key: x for x in the_plan.executions}
+    costs: dict[str, replicates.Cost | None] = {
+        k: next(
+            (
+                c
+                for h in hypotheses
+                if k in the_plan.needs[h.id]
+                for c in [cost(x, entries.get(h.id, []), counted, warm=warm)]
+                if c
+            ),
+            None,
+        )
+        for k, x in by_key.items()
+    }
+    confidence = policy.confidence()
+    choices: dict[str, replicates.Choice] = {}
+    for hid, keys in the_plan.needs.items():
+        h = by_id[hid]
+        ranges = {n: r for n, r in h.probe.samples.items() if n not in fixed}
+        given = {n: v for n, v in by_key[keys[0]].params.items() if n in ranges and isinstance(v, int)} if keys else {}
+        choices[hid] = replicates.choose(
+            policy,
+            known(h, entries.get(hid, []), quick=quick),
+            [c for k in keys if (c := costs[k]) is not None],
+            ranges=ranges,
+            given=given,
+            confidence=confidence,
+        )
+    # an execution an earlier run measured with the key it would have now (its counts as they were then)
+    # is measured again as it was: never more replicates or other counts on the strength of its own verdict
+    last = replan({k: c.counts for k, c in costs.items() if c is not None and c.counts})
+    stored = {old.key: reusable(new) for old, new in zip(the_plan.executions, last.executions)}
+    chosen: dict[str, dict[str, int]] = {}
+    wanted: dict[str, int] = {}
+    have: dict[str, int] = {}
+    for k in by_key:
+        readers = [hid for hid, keys in the_plan.needs.items() if k in keys]
+        if stored[k] >= the_plan.replicates[k]:
+            wanted[k] = have[k] = stored[k]
+            chosen[k] = costs[k].counts if costs[k] is not None else {}
+            continue
+        have[k] = the_plan.replicates[k]
+        wanted[k] = max(have[k], *(choices[hid].replicates for hid in readers))
+        for hid in readers:
+            for name, n in choices[hid].counts.items():
+                chosen.setdefault(k, {})[name] = max(chosen.get(k, {}).get(name, 0), n)
+    seconds = {
+        k: 0.0 if stored[k] >= have[k] else costs[k].at(chosen.get(k, {})) if costs[k] else UNKNOWN_COST_S
+        for k in by_key
+    }
+    new_plan = replan(chosen)
+    overhead = RUN_S + (TEMPLATE_S * max(wanted.values(), default=0) if warm else 0.0)
+    budget = None if policy.budget_s is None else policy.budget_s - overhead
+    counts, left_out, short = replicates.fit_first_round(
+        policy, wanted, have, the_plan.needs, seconds, budget,
+        decides={hid: c.decides for hid, c in choices.items()},
+    )  # fmt: skip
+    if len(new_plan.executions) != len(the_plan.executions):  # sample counts are chosen per execution
+        raise RuntimeError("the plan with the chosen sample counts has other executions than the first")
+    old_of = {new.key: old.key for old, new in zip(the_plan.executions, new_plan.executions)}
+    kept = [x for x in new_plan.executions if counts.get(old_of[x.key], 0) > 0]
+    new_plan = replace(
+        new_plan,
+        executions=tuple(kept),
+        replicates={x.key: counts[old_of[x.key]] for x in kept},
+        needs={hid: () if hid in left_out else keys for hid, keys in new_plan.needs.items()},
+    )
+    out = FirstRound(new_plan, seconds=sum(counts[k] * seconds[k] for k in by_key if counts.get(k)), short=short)
+    for k, x in by_key.items():
+        readers = [hid for hid, keys in the_plan.needs.items() if k in keys and hid not in left_out]
+        if counts.get(k) and readers and seconds[k] == 0.0:
+            out.lines.append(f"[plan]    {x.label()}: {counts[k]} replicates, as an earlier run measured it (reused)")
+        elif counts.get(k) and readers:
+            lead = max(readers, key=lambda hid: (choices[hid].replicates, hid))
+            shown = "".join(f", {n}={v}" for n, v in sorted(chosen.get(k, {}).items()))
+            why = choices[lead].why
+            if any(hid in short for hid in readers):
+                why += f"; the budget left too few for the {wanted[k]} its forecast asks"
+            out.lines.append(f"[plan]    {x.label()}: {counts[k]} replicates{shown}: {why} ({lead})")
+    for hid, need in left_out.items():
+        out.left_out[hid] = (
+            f"{NOT_MEASURED}: its replicates did not fit the run's --budget "
+            f"({policy.budget_s:g} s); its minimum would have needed about {need:.0f} s"
+        )
+        out.lines.append(f"[plan]    {hid}: {out.left_out[hid]}")
+    return out
+
+
+def _old(renamed: dict[str, str], key: str) -> str:
+    return next(old for old, new in renamed.items() if new == key)

@@ -1,0 +1,514 @@
+"""Warm replicates: a template process per round forks each replicate's executor and kernel.
+
+A fresh replicate pays, before its first measuring cell, for two interpreters: the papermill
+executor (Python, papermill, nbclient: about 1.5 s) and the kernel (IPython, then the probe's own
+imports: torch alone is 2-3 s). A run of 12 executions x 3 replicates paid that 36 times.
+
+Here each round of a run (replicate r of every execution, schedule.py) starts one *template*: a
+fresh interpreter, started with the round's thread variables and the code under test first on its
+import path, that imports papermill, ipykernel and the third-party modules the round's probes
+import (torch, numpy, matplotlib; never the code under test), then waits. Each replicate of the
+round is a `fork` of it: the executor, in a session of its own, pinned to its CPUs, and at the
+executor's start a second fork, the kernel-to-be, which becomes the probe's IPython kernel when
+papermill asks for one (through `WarmProvisioner`, a Jupyter kernel provisioner: papermill and the
+notebooks stay as they are). The kernel is the executor's child, so the process tree the
+utilization trace watches, and kills on a timeout, is the same as a fresh replicate's.
+
+What stays independent, and why it holds:
+- each replicate is its own process: its allocator state, page faults and thread pools are its own
+  from the fork on; the template never runs a parallel torch operation (its pool is made in each
+  replicate) and refuses to fork with a second Python thread or CUDA initialized;
+- the hash seed and address layout come from the template, and every round has its own, so the
+  replicates of one execution (one per round) never share them; executions of one round do;
+- numpy's global random state, seeded at import, is seeded again in each replicate (Python's
+  `random` does so itself after a fork).
+`perfkit run --fresh-processes` starts both interpreters anew for every replicate, as before.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from perfkit.experiment import kernel
+
+PROVISIONER = "perfkit-warm"  # the kernelspec's provisioner_name, and the entry point's name
+#: what every replicate imports before its first cell, whatever the probe: the executor's and the kernel's
+BASE = ("papermill", "nbclient", "nbformat", "jupyter_client", "ipykernel.kernelapp", "IPython")
+#: imported with these when the probe imports them: the part the probe's first cell would pay for
+DEPENDS = {"matplotlib.pyplot": ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg")}
+START_TIMEOUT_S = 120.0
+INLINE = "module://matplotlib_inline.backend_inline"  # the backend ipykernel gives a kernel's figures
+
+
+# ---------------------------------------------------------------- what to import
+
+
+def probe_imports(source: bytes) -> list[str]:
+    """The modules a notebook's code cells import at top level, in order (`import a.b`, `from a import b`)."""
+    try:
+        nb = json.loads(source)
+    except ValueError:
+        return []
+    found: list[str] = []
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") != "code":
+            continue
+        text = cell.get("source", "")
+        text = "".join(text) if isinstance(text, list) else text
+        try:
+            tree = ast.parse("\n".join(line for line in text.splitlines() if not line.lstrip().startswith(("%", "!"))))
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                found += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.append(node.module)
+    return list(dict.fromkeys(found))
+
+
+def preloads(sources: list[bytes]) -> list[str]:
+    """What a template imports for probes of these sources: the base, then each probe's imports (with
+    the modules they stand for); those that are the code under test are left out by the template."""
+    wanted: list[str] = list(BASE)
+    for source in sources:
+        for name in probe_imports(source):
+            wanted += [*DEPENDS.get(name, ()), name]
+    return list(dict.fromkeys(wanted))
+
+
+def _outside(name: str, root: Path | None) -> bool:
+    """True when module `name` would be imported from outside the code under test (`root`).
+
+    Only a module's spec is looked up (its parent packages are imported, as any lookup does)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError, AttributeError):
+        return False
+    if spec is None:
+        return False
+    if root is None or spec.origin in (None, "built-in", "frozen"):
+        return True
+    origin = Path(spec.origin).resolve()
+    return not _under(origin, root) or any(_under(origin, Path(p)) for p in _installed_paths())
+
+
+def _under(path: Path, folder: Path) -> bool:
+    try:
+        path.relative_to(folder.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def _installed_paths() -> set[str]:
+    """Where installed packages live (a virtual environment inside the project is not the code under test)."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return {paths["purelib"], paths["platlib"], paths["stdlib"], paths["platstdlib"]}
+
+
+# ---------------------------------------------------------------- the template (its own process)
+
+
+def _ready_to_fork() -> str | None:
+    """Why this process must not fork replicates, or None: a second Python thread, or CUDA started."""
+    import threading
+
+    if threading.active_count() > 1:
+        names = ", ".join(t.name for t in threading.enumerate() if t is not threading.current_thread())
+        return f"an import started a thread ({names})"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "an import initialized CUDA, which a forked process cannot use"
+    return None
+
+
+def _preload(names: list[str], root: Path | None) -> tuple[list[str], list[str]]:
+    """Import each module of `names` that is not the code under test; (imported, skipped with why)."""
+    import importlib
+
+    done, skipped = [], []
+    for name in names:
+        if name in sys.modules:
+            done.append(name)
+            continue
+        if not _outside(name, root):
+            skipped.append(f"{name} (the code under test, or not found)")
+            continue
+        try:
+            importlib.import_module(name)
+            done.append(name)
+        except BaseException as exc:  # noqa: BLE001 - a probe's import that fails here fails there too, and says so
+            skipped.append(f"{name} ({type(exc).__name__})")
+    return done, skipped
+
+
+def _reseed() -> None:
+    """Fresh entropy for what a fresh process seeds at import (numpy's global state; `random` does it itself)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(int.from_bytes(os.urandom(4), "little"))
+
+
+def _fork_executor(request: dict, listener: socket.socket, conns: list[socket.socket]) -> int:
+    """Fork one replicate's executor; in the child this never returns."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        os.setsid()
+        for s in (listener, *conns):
+            s.close()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        _reseed()
+        from perfkit.experiment import execute
+
+        sys.argv = [sys.argv[0], request["spec"]]
+        code = execute._child(request["spec"])
+    except BaseException:  # noqa: BLE001 - the executor's own failure: printed to its log, exit 1
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def serve(socket_path: str, preload: list[str], root: str | None) -> int:
+    """The template's life: import, say ready on stdout, fork an executor per request until told to stop.
+
+    Each request is one line of JSON on a Unix socket ({"spec", "log", "env"}); the answer is one line
+    {"pid": N}, then, when that executor has ended, one line {"status": N} (its wait status)."""
+    started = time.monotonic()
+    sys.modules.setdefault("rfc3987_syntax", None)  # 1.6 s of grammar for a format papermill never checks
+    if root:
+        kernel.on_path(Path(root))
+    os.environ.setdefault("MPLBACKEND", INLINE)  # as ipykernel sets it: pyplot, when imported, picks the kernel's
+    done, skipped = _preload(preload, Path(root) if root else None)
+    refused = _ready_to_fork()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    listener.listen(64)
+    ready = {"pid": os.getpid(), "imported": done, "skipped": skipped, "seconds": round(time.monotonic() - started, 3)}
+    print(json.dumps({**ready, "refused": refused}), flush=True)
+    if refused:
+        return 3
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    parent = os.getppid()
+    conns: list[socket.socket] = []
+    children: dict[int, socket.socket] = {}
+    while not stop and os.getppid() == parent:
+        readable, _, _ = select.select([listener, *conns], [], [], 0.1)
+        for s in readable:
+            if s is listener:
+                conn, _ = listener.accept()
+                conns.append(conn)
+                continue
+            line = _read_line(s)
+            conns.remove(s)
+            if not line:
+                s.close()
+                continue
+            pid = _fork_executor(json.loads(line), listener, conns)
+            children[pid] = s
+            s.sendall((json.dumps({"pid": pid}) + "\n").encode())
+        _reap(children)
+    _kill_trees(list(children))  # told to stop, or the run is gone: nothing it forked outlives it
+    return 0
+
+
+def _kill_trees(pids: list[int]) -> None:
+    """Kill each executor and everything below it (its kernel runs in a session of its own)."""
+    import psutil
+
+    victims = []
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            victims += [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+    for victim in victims:
+        try:
+            victim.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(victims, timeout=10)
+
+
+def _read_line(s: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.strip()
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    """Tell each executor's requester how it ended, as it ends."""
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is not None:
+            try:
+                conn.sendall((json.dumps({"status": status}) + "\n").encode())
+            except OSError:
+                pass
+            conn.close()
+
+
+# ---------------------------------------------------------------- the runner's side
+
+
+@dataclass(eq=False)  # hashed by identity: a run keeps its executions in flight in a set
+class Forked:
+    """An executor a template forked: what `execute` needs of a subprocess.Popen (pid, wait, returncode)."""
+
+    pid: int
+    conn: socket.socket
+    returncode: int | None = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is not None:
+            return self.returncode
+        self.conn.settimeout(timeout)
+        try:
+            line = _read_line(self.conn)
+        except TimeoutError:
+            raise subprocess.TimeoutExpired(f"warm replicate {self.pid}", timeout) from None
+        finally:
+            self.conn.settimeout(None)
+        status = json.loads(line)["status"] if line else None  # no word: the template itself died
+        self.returncode = os.waitstatus_to_exitcode(status) if status is not None else -9
+        self.conn.close()
+        return self.returncode
+
+    def poll(self) -> int | None:
+        try:
+            return self.wait(timeout=0)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+class TemplateFailed(RuntimeError):
+    """A template did not start, or refused to fork: its round's replicates start fresh instead."""
+
+
+class Template:
+    """One round's template process (see the module's docstring): start, fork per replicate, close."""
+
+    def __init__(self, *, env: dict[str, str], preload: list[str], root: Path | None):
+        import tempfile
+
+        self.folder = Path(tempfile.mkdtemp(prefix="perfkit-warm-"))  # short: a socket's path has ~100 bytes
+        self.socket_path = str(self.folder / "template.sock")
+        argv = [sys.executable, "-m", "perfkit.experiment.warm", self.socket_path, json.dumps(preload), str(root or "")]
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, start_new_session=True, text=True
+        )
+        self.ready = self._wait_ready()
+
+    def _wait_ready(self) -> dict[str, Any]:
+        readable, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT_S)
+        line = self.proc.stdout.readline() if readable else ""
+        if not line:
+            self.close()
+            raise TemplateFailed(f"the template did not start within {START_TIMEOUT_S:g} s")
+        ready = json.loads(line)
+        if ready.get("refused"):
+            self.close()
+            raise TemplateFailed(f"the template cannot fork replicates: {ready['refused']}")
+        return ready
+
+    def fork(self, spec: Path, log: Path, env: dict[str, str]) -> Forked:
+        """A new executor for the job whose spec is at `spec`, writing to `log`, with environment `env`."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(self.socket_path)
+        conn.sendall((json.dumps({"spec": str(spec), "log": str(log), "env": env}) + "\n").encode())
+        line = _read_line(conn)
+        if not line:
+            conn.close()
+            raise TemplateFailed("the template closed the connection without forking")
+        return Forked(pid=json.loads(line)["pid"], conn=conn)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        Path(self.socket_path).unlink(missing_ok=True)
+        self.folder.rmdir()
+
+
+# ---------------------------------------------------------------- the executor's side: the kernel-to-be
+
+
+_prekernel: dict[str, int] = {}  # in a warm executor: the kernel-to-be's pid and the pipes to it
+
+
+def fork_prekernel() -> None:
+    """In a warm executor, before any thread or event loop: fork the process that will be its kernel.
+
+    It waits on a pipe for the launch (argv, environment, folder) `WarmProvisioner` sends, then runs
+    the perfkit kernel; the executor's end of the pipe closing first means no kernel was wanted."""
+    launch_read, launch_write = os.pipe()  # the executor sends the launch
+    ack_read, ack_write = os.pipe()  # the kernel-to-be answers once it is in a session of its own
+    pid = os.fork()
+    if pid:
+        os.close(launch_read)
+        os.close(ack_write)
+        _prekernel.update(pid=pid, send=launch_write, ack=ack_read)
+        return
+    os.close(launch_write)
+    os.close(ack_read)
+    code = 0
+    try:
+        with os.fdopen(launch_read, "rb") as pipe:
+            data = pipe.read()
+        if not data:
+            os._exit(0)
+        launch = json.loads(data)
+        os.setsid()  # as jupyter_client starts a kernel: a session of its own, so a signal to it is to it alone
+        os.write(ack_write, b"1")
+        os.close(ack_write)
+        os.chdir(launch["cwd"])
+        os.environ.clear()
+        os.environ.update(launch["env"])
+        _reseed()
+        sys.argv = list(launch["argv"][2:])
+        kernel.launch(launch["argv"][3:], warm=True)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0
+    except BaseException:  # noqa: BLE001 - the kernel's own failure goes to the executor's log
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class _Child:
+    """The kernel-to-be as a Popen-like object for jupyter_client's LocalProvisioner (our own child)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stdin = self.stdout = self.stderr = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -9  # reaped elsewhere (the executor kills what is left at its end)
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+@functools.cache
+def _provisioner_class():
+    from jupyter_client.provisioning.local_provisioner import LocalProvisioner
+
+    class WarmProvisioner(LocalProvisioner):
+        """Launches the kernel as the warm executor's kernel-to-be; anywhere else, as LocalProvisioner does."""
+
+        async def launch_kernel(self, cmd: list[str], **kwargs: Any):
+            if "pid" not in _prekernel:  # not a warm executor, or its kernel-to-be was used: a fresh kernel
+                return await super().launch_kernel(cmd, **kwargs)
+            pid, send, ack = _prekernel.pop("pid"), _prekernel.pop("send"), _prekernel.pop("ack")
+            env = kwargs.get("env") or dict(os.environ)
+            launch = {"argv": list(cmd), "env": dict(env), "cwd": str(kwargs.get("cwd") or os.getcwd())}
+            os.write(send, json.dumps(launch).encode())
+            os.close(send)
+            os.read(ack, 1)  # its own session now: a signal to its group reaches it alone
+            os.close(ack)
+            self.process = _Child(pid)
+            self.pid = self.pgid = pid
+            self.cwd = launch["cwd"]
+            return self.connection_info
+
+    return WarmProvisioner
+
+
+def register_provisioner() -> None:
+    """Make `perfkit-warm` known to jupyter_client in this process (the entry point may not be installed:
+    a checkout run without `pip install`)."""
+    from importlib.metadata import EntryPoint
+
+    from jupyter_client.provisioning.factory import KernelProvisionerFactory
+
+    factory = KernelProvisionerFactory.instance()
+    factory.provisioners[PROVISIONER] = EntryPoint(
+        name=PROVISIONER, value="perfkit.experiment.warm:WarmProvisioner", group=KernelProvisionerFactory.GROUP_NAME
+    )
+
+
+def __getattr__(name: str):
+    if name == "WarmProvisioner":  # built on first use: importing this module stays free of jupyter_client
+        return _provisioner_class()
+    raise AttributeError(name)
+
+
+if __name__ == "__main__":
+    sys.exit(serve(sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] or None))

@@ -1,0 +1,168 @@
+"""The first round planned from what the ledger knows (replicates.choose, fit_first_round, priors.py),
+checked against known truth by simulation: a plan decides more verdicts for the seconds it costs and
+never makes a wrong one more likely than the 5% a verdict may spend."""
+
+import math
+
+import numpy as np
+import pytest
+from records import hypothesis
+from test_known_truth import replicates
+
+from perfkit import stats
+from perfkit.experiment import priors
+from perfkit.experiment import replicates as policy
+from perfkit.experiment.judging import judge
+from perfkit.experiment.kinds import expectation
+from perfkit.experiment.verdict import Measured, Verdict
+
+P = policy.Policy(first=3, most=12, budget_s=300)
+COST = [policy.Cost(setup_s=1.0, measure_s=4.0, counts={"repeat": 40})]
+
+
+def known(value, spread, *, edges=(None, 10.0), between=0.5, verdict="inconclusive", counts=None, log=True):
+    return policy.Known(
+        run_id="r1",
+        verdict=verdict,
+        value=value,
+        spread=spread,
+        log=log,
+        replicates=3,
+        edges=edges,
+        between=between,
+        counts=counts or {},
+    )
+
+
+def test_far_from_its_bound_a_hypothesis_gets_the_minimum_and_says_it_was_decided():
+    far = policy.choose(
+        P,
+        known(0.57, 0.1, edges=(None, 200.0), verdict="refuted"),
+        COST,
+        ranges={},
+        given={},
+        confidence=P.confidence(),
+    )
+    assert far.replicates == 3 and far.decides and far.why.startswith("refuted last run at 3")
+
+
+def test_near_its_bound_a_hypothesis_gets_the_replicates_its_forecast_asks_up_front():
+    near = policy.choose(P, known(9.0, 0.1), COST, ranges={}, given={}, confidence=P.confidence())
+    r = near.replicates
+    assert 3 < r <= P.most and near.decides and "straddled 10" in near.why
+    # the forecast: the fewest replicates whose interval clears the edge with MARGIN to spare
+    distance = math.log(10.0 / 9.0)
+    half = stats.t_quantile(0.5 + P.confidence() / 2, r - 1) * 0.1 / math.sqrt(r)
+    assert half < policy.MARGIN * distance
+    assert stats.t_quantile(0.5 + P.confidence() / 2, r - 2) * 0.1 / math.sqrt(r - 1) >= policy.MARGIN * distance
+    assert near.seconds == pytest.approx(r * 5.0)
+
+
+def test_on_its_bound_a_hypothesis_gets_the_cheapest_look_and_is_told_so():
+    on = policy.choose(
+        P, known(9.99, 0.2), COST, ranges={"repeat": (10, 40)}, given={"repeat": 40}, confidence=P.confidence()
+    )
+    assert on.replicates == 3 and not on.decides and on.counts == {"repeat": 10}
+    assert "sits too close to 10" in on.why
+
+
+def test_with_nothing_known_a_pilot_at_the_records_own_counts():
+    pilot = policy.choose(P, None, COST, ranges={"repeat": (10, 40)}, given={"repeat": 20}, confidence=0.955)
+    assert pilot.replicates == 3 and pilot.counts == {"repeat": 20} and "pilot" in pilot.why and not pilot.decides
+    assert policy.pilot_counts({"repeat": (10, 40)}, {}) == {"repeat": 20}  # mid-range (geometric)
+
+
+def test_the_split_of_processes_and_samples_follows_where_the_variance_is():
+    """The nested design's optimum: samples per process n* = sqrt(setup/sample cost x within/between)."""
+    dear_setup = [policy.Cost(setup_s=20.0, measure_s=4.0, counts={"repeat": 40})]
+    cheap_setup = [policy.Cost(setup_s=0.5, measure_s=8.0, counts={"repeat": 40})]
+    ranges = {"repeat": (5, 80)}
+    within = policy.choose(
+        P,
+        known(9.0, 0.1, between=0.02, counts={"repeat": 40}),
+        dear_setup,
+        ranges=ranges,
+        given={"repeat": 40},
+        confidence=P.confidence(),
+    )
+    between = policy.choose(
+        P,
+        known(9.0, 0.1, between=0.98, counts={"repeat": 40}),
+        cheap_setup,
+        ranges=ranges,
+        given={"repeat": 40},
+        confidence=P.confidence(),
+    )
+    # the within-process noise dominates and a process is dear: more samples each, fewer processes
+    assert within.counts["repeat"] > 40 and within.replicates <= between.replicates
+    # the processes differ: samples barely help, processes do; each process as cheap as the range allows
+    assert between.counts["repeat"] == 5 and between.replicates > 3
+    for choice, cost, share in ((within, dear_setup, 0.02), (between, cheap_setup, 0.98)):
+        as_recorded = policy.choose(
+            P,
+            known(9.0, 0.1, between=share, counts={"repeat": 40}),
+            cost,
+            ranges={"repeat": (40, 40)},
+            given={"repeat": 40},
+            confidence=P.confidence(),
+        )
+        assert choice.decides and choice.seconds < as_recorded.seconds  # the split saves seconds
+
+
+def test_the_budget_leaves_out_first_what_would_not_decide_and_never_what_costs_nothing_more():
+    needs = {"decides": ("a",), "sits": ("b",), "shares": ("a",), "dear": ("c",)}
+    seconds = {"a": 10.0, "b": 30.0, "c": 50.0}
+    have = {"a": 3, "b": 3, "c": 3}
+    wanted = {"a": 6, "b": 3, "c": 3}
+    decides = {"decides": True, "sits": False, "shares": False, "dear": True}
+    counts, left_out, short = policy.fit_first_round(P, wanted, have, needs, seconds, 200.0, decides=decides)
+    # minimum: 30 + 90 + 150 = 270 s > 200: b goes first (none of its readers would decide); `shares`
+    # would not decide either, but its execution is measured for `decides` anyway: it stays
+    assert left_out == {"sits": 90.0} and counts["b"] == 0
+    # 180 s spent; growing a to 6 (for both of its readers) would need 30 s more: 210 > 200, so both are
+    # measured at the minimum, and say what their forecast wanted
+    assert counts == {"a": 3, "b": 0, "c": 3} and short == {"decides": 30.0, "shares": 30.0}
+    tight = policy.fit_first_round(P, wanted, have, needs, seconds, 100.0, decides=decides)
+    # 100 s: b (no decision), then c (one decision for 150 s) go; a's one decision for 30 s stays, and
+    # the 70 s left pay for the 3 more replicates its forecast asks
+    assert tight[0] == {"a": 6, "b": 0, "c": 0} and set(tight[1]) == {"sits", "dear"} and tight[2] == {}
+    counts, left_out, short = policy.fit_first_round(P, wanted, have, needs, seconds, 400.0, decides=decides)
+    assert counts == {"a": 6, "b": 3, "c": 3} and left_out == {} and short == {}
+    assert policy.fit_first_round(P, wanted, have, needs, seconds, None, decides=decides)[0] == wanted
+
+
+def test_a_planned_first_round_decides_more_and_is_wrong_no_more_often():
+    """Known truth: 9 ms against a bound of 10 ms, 5% process offsets. Run 1 measures 3 processes and stores
+    its spread; run 2 plans from it (fresh processes, its count fixed before its data). Planned, run 2
+    decides more often than a second run of 3; confirmed or not, it never refutes the truth."""
+    bound = expectation(kind="at_most", metric="t", unit="ms", value=10.0)
+    rng = np.random.default_rng(11)
+    planned_decided = plain_decided = wrong = 0
+    trials = 200
+    for _ in range(trials):
+        first = judge(hypothesis(bound), replicates(rng, {"t": 9.0}, 3), confidence=P.confidence())
+        m = first.measured
+        prior = known(m.value, m.spread, edges=bound.edges(), verdict=first.verdict.value)
+        r = policy.choose(P, prior, COST, ranges={}, given={}, confidence=P.confidence()).replicates
+        planned = judge(hypothesis(bound), replicates(rng, {"t": 9.0}, r), confidence=P.confidence([r]))
+        plain = judge(hypothesis(bound), replicates(rng, {"t": 9.0}, 3), confidence=P.confidence())
+        planned_decided += planned.verdict is Verdict.CONFIRMED
+        plain_decided += plain.verdict is Verdict.CONFIRMED
+        wrong += planned.verdict is Verdict.REFUTED
+    assert wrong == 0
+    assert planned_decided > plain_decided * 1.3, (planned_decided, plain_decided)
+    assert planned_decided / trials > 0.6
+
+
+def test_a_stored_interval_gives_back_its_spread_in_either_format():
+    """Format 9 stores the spread; an older record's is rebuilt from its interval (log or linear scale)."""
+    est = stats.mean_estimate([[9.0, 9.2], [9.5, 9.4], [8.8, 8.9]])
+    newer = Measured("mean", "ms", est.value, est.low, est.high, 3, 6, None, 0.95, spread=est.spread, log=est.log)
+    older = Measured("mean", "ms", est.value, est.low, est.high, 3, 6, None, 0.95)
+    assert priors._spread(newer) == (est.spread, True)
+    rebuilt = priors._spread(older)
+    assert rebuilt[1] is True and rebuilt[0] == pytest.approx(est.spread, rel=1e-9)
+    diff = stats.mean_estimate([[-1.0, 2.0], [0.5, 1.5], [3.0, -0.5]])  # negative samples: linear
+    linear = Measured("", "%", diff.value, diff.low, diff.high, 3, 6, None, 0.95)
+    assert priors._spread(linear) == (pytest.approx(diff.spread, rel=1e-9), False)
+    assert priors._spread(Measured("", "%", 1.0, 1.0, 1.0, 1, 6, None, 0.95)) is None  # one process: no spread
