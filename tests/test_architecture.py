@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "perfkit"
-LEAVES = {"errors", "paths", "files", "units", "phases", "stats", "samples", "endpoints"}
+LEAVES = {"errors", "paths", "files", "units", "phases", "stats", "sketch", "samples", "endpoints"}
 ALLOWED = {
     "leaf": {"leaf"},
     "probe": {"leaf", "probe"},

@@ -1,4 +1,4 @@
-"""The first round planned from what the ledger knows (replicates.choose, fit_first_round, priors.py),
+"""The first round planned from what the ledger knows (replicates.choose, Policy.fit, priors.py),
 checked against known truth by simulation: a plan decides more verdicts for the seconds it costs and
 never makes a wrong one more likely than the 5% a verdict may spend."""
 
@@ -115,20 +115,20 @@ def test_the_budget_leaves_out_first_what_would_not_decide_and_never_what_costs_
     have = {"a": 3, "b": 3, "c": 3}
     wanted = {"a": 6, "b": 3, "c": 3}
     decides = {"decides": True, "sits": False, "shares": False, "dear": True}
-    counts, left_out, short = policy.fit_first_round(P, wanted, have, needs, seconds, 200.0, decides=decides)
+    counts, left_out, short = P.fit(policy.Ask(wanted, have, needs, seconds, decides), 200.0)
     # minimum: 30 + 90 + 150 = 270 s > 200: b goes first (none of its readers would decide); `shares`
     # would not decide either, but its execution is measured for `decides` anyway: it stays
     assert left_out == {"sits": 90.0} and counts["b"] == 0
     # 180 s spent; growing a to 6 (for both of its readers) would need 30 s more: 210 > 200, so both are
     # measured at the minimum, and say what their forecast wanted
     assert counts == {"a": 3, "b": 0, "c": 3} and short == {"decides": 30.0, "shares": 30.0}
-    tight = policy.fit_first_round(P, wanted, have, needs, seconds, 100.0, decides=decides)
+    tight = P.fit(policy.Ask(wanted, have, needs, seconds, decides), 100.0)
     # 100 s: b (no decision), then c (one decision for 150 s) go; a's one decision for 30 s stays, and
     # the 70 s left pay for the 3 more replicates its forecast asks
     assert tight[0] == {"a": 6, "b": 0, "c": 0} and set(tight[1]) == {"sits", "dear"} and tight[2] == {}
-    counts, left_out, short = policy.fit_first_round(P, wanted, have, needs, seconds, 400.0, decides=decides)
+    counts, left_out, short = P.fit(policy.Ask(wanted, have, needs, seconds, decides), 400.0)
     assert counts == {"a": 6, "b": 3, "c": 3} and left_out == {} and short == {}
-    assert policy.fit_first_round(P, wanted, have, needs, seconds, None, decides=decides)[0] == wanted
+    assert P.fit(policy.Ask(wanted, have, needs, seconds, decides), None)[0] == wanted
 
 
 def test_a_planned_first_round_decides_more_and_is_wrong_no_more_often():

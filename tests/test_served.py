@@ -12,7 +12,7 @@ import nbformat
 import pytest
 from records import execution, hypothesis, result, run_results
 
-from perfkit.experiment import plan, results, served
+from perfkit.experiment import formats, plan, results, served
 from perfkit.experiment.code import CodeState
 from perfkit.experiment.hypothesis import Probe
 from perfkit.experiment.kinds.value import AtMost
@@ -118,7 +118,7 @@ def test_the_server_is_stored_upgraded_and_shown_in_the_ledger(tmp_path):
     assert "served by shipped at http://127.0.0.1:8000 (tp 2, mode ar)" in text
     old = execution().to_json()
     del old["server"]
-    upgraded = results._7_to_8({"hypotheses": [{"executions": [old]}]})
+    upgraded = formats._7_to_8({"hypotheses": [{"executions": [old]}]})
     assert upgraded["hypotheses"][0]["executions"][0]["server"] is None
 
 

@@ -7,7 +7,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from perfkit import stats
+from perfkit import sketch, stats
 
 
 def ar1(rng, n, rho, scale=1.0, df=None):
@@ -252,15 +252,15 @@ def test_replicates_to_decide_forecasts_from_the_spread():
 def test_the_quantile_sketch_stays_within_its_relative_error_in_bounded_memory(name, draw):
     rng = np.random.default_rng(7)
     values = draw(rng, 200_000)
-    sketch = stats.QuantileSketch(alpha=0.01)
+    sk = sketch.QuantileSketch(alpha=0.01)
     for v in values:
-        sketch.add(float(v))
+        sk.add(float(v))
     ordered = np.sort(values)
     for q in (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 0.999, 1.0):
         exact = ordered[round(q * (len(ordered) - 1))]  # nearest rank
-        got = sketch.quantile(q)
+        got = sk.quantile(q)
         assert abs(got - exact) <= 0.01 * exact + 1e-300, (name, q, got, exact)
-    assert sketch.quantiles(0.99, 0.5, 0.0) == [sketch.quantile(0.99), sketch.quantile(0.5), sketch.quantile(0.0)]
-    assert sketch.n == len(values) and sketch.total == pytest.approx(values.sum())
-    assert sketch.last == values[-1]
-    assert len(sketch.buckets) < 2_000  # memory: one counter per occupied log bucket, not per value
+    assert sk.quantiles(0.99, 0.5, 0.0) == [sk.quantile(0.99), sk.quantile(0.5), sk.quantile(0.0)]
+    assert sk.n == len(values) and sk.total == pytest.approx(values.sum())
+    assert sk.last == values[-1]
+    assert len(sk.buckets) < 2_000  # memory: one counter per occupied log bucket, not per value

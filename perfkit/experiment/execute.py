@@ -48,7 +48,7 @@ def ensure_kernelspec(directory: Path, *, prefix: list[str] | None = None, warm:
     spec = kernel.spec()
     spec["argv"] = [*(prefix or []), *spec["argv"]]
     if warm:
-        spec["metadata"]["kernel_provisioner"] = {"provisioner_name": warm_replicates.PROVISIONER}
+        spec["metadata"]["kernel_provisioner"] = {"provisioner_name": kernel.PROVISIONER}
     write_atomic(spec_dir / "kernel.json", json.dumps(spec, indent=1) + "\n")
     return Path(directory)
 
@@ -439,8 +439,8 @@ def _child(spec_path: str) -> int:
         _pin(spec["cpus"])  # before the kernel starts: it and its threads inherit the CPUs
     _become_subreaper()
     if spec.get("warm"):  # forked from a template: the kernel is forked too, before any thread starts
-        warm_replicates.fork_prekernel()
-        warm_replicates.register_provisioner()
+        kernel.fork_prekernel()
+        kernel.register_provisioner()
     threading.Thread(target=_exit_with_parent, args=(spec.get("parent", os.getppid()),), daemon=True).start()
     papermill_engines.register("perfkit", capped.engine(OUTPUT_CAP_BYTES))
     try:
@@ -480,4 +480,6 @@ def _child(spec_path: str) -> int:
 
 if __name__ == "__main__":
     sys.modules.setdefault("rfc3987_syntax", None)  # 1.6 s of grammar for a format papermill never checks (cli.py)
+    if sys.argv[1] == "--template":  # a round's warm template: it forks this child per replicate
+        sys.exit(warm_replicates.serve(sys.argv[2], json.loads(sys.argv[3]), sys.argv[4] or None, _child))
     sys.exit(_child(sys.argv[1]))

@@ -17,8 +17,9 @@ from typing import Any
 
 from perfkit.errors import UserError
 from perfkit.experiment.execute import read_notebook, records_in
-from perfkit.experiment.hypothesis import Hypothesis, load_hypotheses, notebook_parameters
+from perfkit.experiment.hypothesis import Hypothesis, load_hypotheses
 from perfkit.experiment.judging import judge
+from perfkit.experiment.notebooks import notebook_parameters
 from perfkit.experiment.results import Execution
 from perfkit.experiment.verdict import UNFIT_REASON, Judgement, Verdict
 from perfkit.paths import Project

@@ -130,8 +130,9 @@ class RunOptions:
     budget_s: float | None = _flag(
         None,
         "--budget",
-        "wall-clock seconds the whole run may take when it adds replicates to undecided verdicts: it adds only "
-        "those its forecast says fit (default 330 with --quick, none otherwise; 0: add none)",
+        "wall-clock seconds the whole run's measuring may take, the first round included: it measures what "
+        "decides most verdicts per second and says what did not fit (default 300 with --quick, none otherwise; "
+        "0: the first round as planned, and no replicates added)",
         type=float,
         metavar="SECONDS",
     )

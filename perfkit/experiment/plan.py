@@ -26,7 +26,8 @@ from typing import Any
 from perfkit.errors import UserError
 from perfkit.experiment import served
 from perfkit.experiment.code import CodeState
-from perfkit.experiment.hypothesis import Hypothesis, check_parameter, notebook_parameters
+from perfkit.experiment.hypothesis import Hypothesis
+from perfkit.experiment.notebooks import check_parameter, notebook_parameters
 from perfkit.experiment.options import RunOptions
 from perfkit.experiment.results import Execution
 from perfkit.machine import fitness
@@ -220,6 +221,22 @@ class Basis:
     source_hash: str  # perfkit's own source (source_tree_hash)
     environment: dict[str, Any]  # environment_key(), and the cluster when there is one
     code: Callable[[tuple[str, ...]], CodeState]  # the code under test, given a record's probe.code
+    replicates: int = 1  # planned per execution, unless a record's probe.replicates asks more
+
+
+def _params(h: Hypothesis, declared: dict | str, options: RunOptions, used: set[str]) -> dict[str, Any]:
+    """A hypothesis's parameters: its record's, its quick ones with --quick, then the --param overrides."""
+    params = dict(h.probe.params)
+    if options.quick:
+        params.update(h.probe.quick)
+    for name, value in options.overrides.items():
+        if name in declared:
+            problem = check_parameter(name, value, declared)
+            if problem:
+                raise UserError(f"--param {name}={value!r}: {problem} ({h.probe.notebook})")
+            params[name] = value
+            used.add(name)
+    return params
 
 
 def plan(
@@ -228,7 +245,6 @@ def plan(
     options: RunOptions,
     basis: Basis,
     *,
-    replicates: int = 1,
     note: Callable[[str], None] = print,
     samples: dict[str, dict[str, int]] | None = None,
 ) -> Plan:
@@ -253,16 +269,7 @@ def plan(
         if h.probe.notebook not in declared_cache:
             declared_cache[h.probe.notebook] = notebook_parameters(path)
         declared = declared_cache[h.probe.notebook]
-        params = dict(h.probe.params)
-        if quick:
-            params.update(h.probe.quick)
-        for name, value in overrides.items():
-            if name in declared:
-                problem = check_parameter(name, value, declared)
-                if problem:
-                    raise UserError(f"--param {name}={value!r}: {problem} ({h.probe.notebook})")
-                params[name] = value
-                used_overrides.add(name)
+        params = _params(h, declared, options, used_overrides)
         if h.probe.notebook not in sources:
             sources[h.probe.notebook] = path.read_bytes()
         code = code_cells(sources[h.probe.notebook])
@@ -282,7 +289,7 @@ def plan(
             by_key.setdefault(
                 key, Execution(key=key, notebook=h.probe.notebook, params=point, threads=threads, server=server)
             )
-            counts[key] = max(counts.get(key, 1), h.probe.replicates or replicates)
+            counts[key] = max(counts.get(key, 1), h.probe.replicates or basis.replicates)
             needed = resources.setdefault(key, {})
             for name, amount in h.probe.resources.items():
                 needed[name] = max(needed.get(name, 0.0), amount)

@@ -13,6 +13,7 @@ the first round the policy chooses, within its budget, and says in one line per 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from perfkit import stats
@@ -135,86 +136,91 @@ class FirstRound:
     short: dict[str, float] = field(default_factory=dict)  # measured at the minimum: the seconds its forecast wanted
 
 
+@dataclass(frozen=True)
+class Setting:
+    """How the run measures, as the plan of its first round needs to know."""
+
+    quick: bool
+    warm: bool  # replicates forked from a warm template (their set-up is cheaper)
+    fixed: set[str]  # sample-count parameters the command line set: never chosen
+    reusable: Callable[[Execution], int]  # replicates earlier runs measured with this very key (0 with --force)
+    replan: Callable[[dict[str, dict[str, int]]], Plan]  # the plan again, with sample counts per execution key
+
+
+@dataclass
+class _Executions:
+    """Per execution key of the plan: replicates wanted and planned at least, sample counts, seconds each."""
+
+    wanted: dict[str, int] = field(default_factory=dict)
+    have: dict[str, int] = field(default_factory=dict)
+    chosen: dict[str, dict[str, int]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _choices(hypotheses, the_plan: Plan, policy, entries, costs, setting: Setting) -> dict[str, replicates.Choice]:
+    """Each hypothesis's forecast: the replicates and sample counts that would decide it soonest."""
+    by_id = {h.id: h for h in hypotheses}
+    by_key = {x.key: x for x in the_plan.executions}
+    out = {}
+    for hid, keys in the_plan.needs.items():
+        h = by_id[hid]
+        ranges = {n: r for n, r in h.probe.samples.items() if n not in setting.fixed}
+        given = {n: v for n, v in by_key[keys[0]].params.items() if n in ranges and isinstance(v, int)} if keys else {}
+        out[hid] = replicates.choose(
+            policy,
+            known(h, entries.get(hid, []), quick=setting.quick),
+            [c for k in keys if (c := costs[k]) is not None],
+            ranges=ranges,
+            given=given,
+            confidence=policy.confidence(),
+        )
+    return out
+
+
+def _per_execution(the_plan: Plan, choices, costs, setting: Setting) -> _Executions:
+    """The hypotheses' choices per execution: the most replicates any reader wants, the largest counts.
+
+    An execution an earlier run measured with the key it has now (with its counts as they were then) is
+    measured again as it was, never with more replicates or other counts on the strength of its own last
+    verdict: that would be looking again at the same evidence, across runs, without paying for the look."""
+    last = setting.replan({k: c.counts for k, c in costs.items() if c is not None and c.counts})
+    stored = {old.key: setting.reusable(new) for old, new in zip(the_plan.executions, last.executions)}
+    out = _Executions()
+    for x in the_plan.executions:
+        k = x.key
+        readers = [hid for hid, keys in the_plan.needs.items() if k in keys]
+        if stored[k] >= the_plan.replicates[k]:
+            out.wanted[k] = out.have[k] = stored[k]
+            out.chosen[k] = costs[k].counts if costs[k] is not None else {}
+            out.seconds[k] = 0.0
+            continue
+        out.have[k] = the_plan.replicates[k]
+        out.wanted[k] = max(out.have[k], *(choices[hid].replicates for hid in readers))
+        for hid in readers:
+            for name, n in choices[hid].counts.items():
+                out.chosen.setdefault(k, {})[name] = max(out.chosen.get(k, {}).get(name, 0), n)
+        out.seconds[k] = costs[k].at(out.chosen.get(k, {})) if costs[k] else UNKNOWN_COST_S
+    return out
+
+
 def first_round(
     hypotheses: list[Hypothesis],
     the_plan: Plan,
     policy: replicates.Policy,
     all_results: list[RunResults],
-    *,
-    quick: bool,
-    warm: bool,
-    fixed: set[str],
-    reusable,
-    replan,
+    setting: Setting,
 ) -> FirstRound:
-    """The first round the policy chooses from what the ledger knows, within the run's budget.
-
-    `fixed`: sample-count parameters the command line set (never chosen); `reusable(execution)`: the
-    replicates an earlier run measured with that very key (0 with --force): such an execution is
-    measured again as it was, never given more replicates or other counts on the strength of its own
-    last verdict (that would be looking again at the same evidence, across runs, without paying for the
-    look); `replan(counts)` makes the plan again with the chosen sample counts of each execution (by its
-    key in `the_plan`)."""
+    """The first round the policy chooses from what the ledger knows, within the run's budget."""
     entries = history.history(all_results)
-    by_id = {h.id: h for h in hypotheses}
     counted = {n for h in hypotheses for n in h.probe.samples}
-    by_key = {x.key: x for x in the_plan.executions}
-    costs: dict[str, replicates.Cost | None] = {
-        k: next(
-            (
-                c
-                for h in hypotheses
-                if k in the_plan.needs[h.id]
-                for c in [cost(x, entries.get(h.id, []), counted, warm=warm)]
-                if c
-            ),
-            None,
-        )
-        for k, x in by_key.items()
-    }
-    confidence = policy.confidence()
-    choices: dict[str, replicates.Choice] = {}
-    for hid, keys in the_plan.needs.items():
-        h = by_id[hid]
-        ranges = {n: r for n, r in h.probe.samples.items() if n not in fixed}
-        given = {n: v for n, v in by_key[keys[0]].params.items() if n in ranges and isinstance(v, int)} if keys else {}
-        choices[hid] = replicates.choose(
-            policy,
-            known(h, entries.get(hid, []), quick=quick),
-            [c for k in keys if (c := costs[k]) is not None],
-            ranges=ranges,
-            given=given,
-            confidence=confidence,
-        )
-    # an execution an earlier run measured with the key it would have now (its counts as they were then)
-    # is measured again as it was: never more replicates or other counts on the strength of its own verdict
-    last = replan({k: c.counts for k, c in costs.items() if c is not None and c.counts})
-    stored = {old.key: reusable(new) for old, new in zip(the_plan.executions, last.executions)}
-    chosen: dict[str, dict[str, int]] = {}
-    wanted: dict[str, int] = {}
-    have: dict[str, int] = {}
-    for k in by_key:
-        readers = [hid for hid, keys in the_plan.needs.items() if k in keys]
-        if stored[k] >= the_plan.replicates[k]:
-            wanted[k] = have[k] = stored[k]
-            chosen[k] = costs[k].counts if costs[k] is not None else {}
-            continue
-        have[k] = the_plan.replicates[k]
-        wanted[k] = max(have[k], *(choices[hid].replicates for hid in readers))
-        for hid in readers:
-            for name, n in choices[hid].counts.items():
-                chosen.setdefault(k, {})[name] = max(chosen.get(k, {}).get(name, 0), n)
-    seconds = {
-        k: 0.0 if stored[k] >= have[k] else costs[k].at(chosen.get(k, {})) if costs[k] else UNKNOWN_COST_S
-        for k in by_key
-    }
-    new_plan = replan(chosen)
-    overhead = RUN_S + (TEMPLATE_S * max(wanted.values(), default=0) if warm else 0.0)
-    budget = None if policy.budget_s is None else policy.budget_s - overhead
-    counts, left_out, short = replicates.fit_first_round(
-        policy, wanted, have, the_plan.needs, seconds, budget,
-        decides={hid: c.decides for hid, c in choices.items()},
-    )  # fmt: skip
+    costs = {x.key: _cost_of(x, hypotheses, the_plan, entries, counted, setting.warm) for x in the_plan.executions}
+    choices = _choices(hypotheses, the_plan, policy, entries, costs, setting)
+    ex = _per_execution(the_plan, choices, costs, setting)
+    overhead = RUN_S + (TEMPLATE_S * max(ex.wanted.values(), default=0) if setting.warm else 0.0)
+    ask = replicates.Ask(ex.wanted, ex.have, the_plan.needs, ex.seconds, {h: c.decides for h, c in choices.items()})
+    budget = None if not policy.budget_s else policy.budget_s - overhead  # --budget 0: measure the plan, add none
+    counts, left_out, short = policy.fit(ask, budget)
+    new_plan = setting.replan(ex.chosen)
     if len(new_plan.executions) != len(the_plan.executions):  # sample counts are chosen per execution
         raise RuntimeError("the plan with the chosen sample counts has other executions than the first")
     old_of = {new.key: old.key for old, new in zip(the_plan.executions, new_plan.executions)}
@@ -225,18 +231,8 @@ def first_round(
         replicates={x.key: counts[old_of[x.key]] for x in kept},
         needs={hid: () if hid in left_out else keys for hid, keys in new_plan.needs.items()},
     )
-    out = FirstRound(new_plan, seconds=sum(counts[k] * seconds[k] for k in by_key if counts.get(k)), short=short)
-    for k, x in by_key.items():
-        readers = [hid for hid, keys in the_plan.needs.items() if k in keys and hid not in left_out]
-        if counts.get(k) and readers and seconds[k] == 0.0:
-            out.lines.append(f"[plan]    {x.label()}: {counts[k]} replicates, as an earlier run measured it (reused)")
-        elif counts.get(k) and readers:
-            lead = max(readers, key=lambda hid: (choices[hid].replicates, hid))
-            shown = "".join(f", {n}={v}" for n, v in sorted(chosen.get(k, {}).items()))
-            why = choices[lead].why
-            if any(hid in short for hid in readers):
-                why += f"; the budget left too few for the {wanted[k]} its forecast asks"
-            out.lines.append(f"[plan]    {x.label()}: {counts[k]} replicates{shown}: {why} ({lead})")
+    out = FirstRound(new_plan, seconds=sum(counts[k] * ex.seconds[k] for k in counts if counts[k]), short=short)
+    out.lines = _lines(the_plan, choices, ex, counts, left_out, short)
     for hid, need in left_out.items():
         out.left_out[hid] = (
             f"{NOT_MEASURED}: its replicates did not fit the run's --budget "
@@ -246,5 +242,31 @@ def first_round(
     return out
 
 
-def _old(renamed: dict[str, str], key: str) -> str:
-    return next(old for old, new in renamed.items() if new == key)
+def _cost_of(x: Execution, hypotheses, the_plan: Plan, entries, counted: set[str], warm: bool):
+    """A replicate's cost from the measurements of any hypothesis that reads the execution."""
+    for h in hypotheses:
+        if x.key in the_plan.needs[h.id]:
+            found = cost(x, entries.get(h.id, []), counted, warm=warm)
+            if found is not None:
+                return found
+    return None
+
+
+def _lines(the_plan: Plan, choices, ex: _Executions, counts, left_out, short) -> list[str]:
+    """One line per execution: its replicates and sample counts, and why (the hypothesis that asked most)."""
+    out = []
+    for x in the_plan.executions:
+        k = x.key
+        readers = [hid for hid, keys in the_plan.needs.items() if k in keys and hid not in left_out]
+        if not counts.get(k) or not readers:
+            continue
+        if ex.seconds[k] == 0.0:
+            out.append(f"[plan]    {x.label()}: {counts[k]} replicates, as an earlier run measured it (reused)")
+            continue
+        lead = max(readers, key=lambda hid: (choices[hid].replicates, hid))
+        shown = "".join(f", {n}={v}" for n, v in sorted(ex.chosen.get(k, {}).items()))
+        why = choices[lead].why
+        if any(hid in short for hid in readers):
+            why += f"; the budget left too few for the {ex.wanted[k]} its forecast asks"
+        out.append(f"[plan]    {x.label()}: {counts[k]} replicates{shown}: {why} ({lead})")
+    return out

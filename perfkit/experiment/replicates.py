@@ -43,6 +43,17 @@ MARGIN = 0.8  # a plan asks for an interval this share of the distance to the ed
 
 
 @dataclass(frozen=True)
+class Ask:
+    """What a planned first round asks, per execution key and hypothesis (`Policy.fit` fits it in the budget)."""
+
+    wanted: dict[str, int]  # replicates the forecasts ask for
+    have: dict[str, int]  # the fewest planned (or already measured by an earlier run)
+    needs: dict[str, tuple[str, ...]]  # hypothesis id -> the execution keys it reads
+    seconds: dict[str, float]  # a replicate of each, forecast (0: reused)
+    decides: dict[str, bool]  # hypothesis id -> its forecast says the plan decides it
+
+
+@dataclass(frozen=True)
 class Policy:
     first: int  # the fewest replicates planned per execution
     most: int  # the most a run may grow an execution to
@@ -71,6 +82,54 @@ class Policy:
             return 1.0 - self.spent([min(1.0, (counts[0] if counts else self.first) / self.most)])[0]
         fractions = tuple(min(1.0, n / self.most) for n in counts)
         return _levels(fractions, tuple(self.spent(fractions)))[-1]
+
+    def fit(self, ask: Ask, budget_s: float | None) -> tuple[dict[str, int], dict[str, float], dict[str, float]]:
+        """The first round that fits in `budget_s`: (replicates per execution key, hypotheses left out with
+        the seconds their minimum would have needed, hypotheses measured at the minimum for want of the
+        seconds their forecast asked for).
+
+        The minimum (`ask.have`) of every execution is measured if it fits. When it does not, executions are
+        left out whole, with every hypothesis that reads them, fewest decisions per second first: those none
+        of whose readers the forecast says would decide, the dearest of them first, then the rest by the
+        decisions they bring for their seconds. What is left pays for the replicates the forecasts ask
+        for, the cheapest decision first (`afford`).
+        """
+        if budget_s is None:
+            return dict(ask.wanted), {}, {}
+        wanted, have, needs, seconds, decides = ask.wanted, ask.have, ask.needs, ask.seconds, ask.decides
+        counts = dict(have)
+        kept = dict(needs)
+        left_out: dict[str, float] = {}
+
+        def total() -> float:
+            return sum(n * seconds[k] for k, n in counts.items())
+
+        def worth(k: str) -> tuple[float, float]:
+            """(decisions per second, minus seconds): the first to leave out sorts first."""
+            spend = counts[k] * seconds[k]
+            decisions = sum(1 for h, keys in kept.items() if k in keys and decides.get(h, False))
+            return decisions / max(spend, 1e-9), -spend
+
+        while total() > budget_s and kept:
+            live = sorted(
+                {k for keys in kept.values() for k in keys if counts[k] and seconds[k] > 0},
+                key=lambda k: (*worth(k), k),
+            )
+            if not live:
+                break
+            dropped = live[0]
+            for hid in [h for h, keys in kept.items() if dropped in keys]:
+                left_out[hid] = sum(have[k] * seconds[k] for k in needs[hid])
+                del kept[hid]
+            for k in list(counts):
+                if counts[k] and not any(k in keys for keys in kept.values()):
+                    counts[k] = 0
+        if not kept:
+            return counts, left_out, {}
+        live = {k for keys in kept.values() for k in keys}
+        grown = {k: (wanted[k] if k in live else counts[k]) for k in counts}
+        afforded, short = self.afford(grown, counts, kept, seconds, budget_s - total())
+        return afforded, left_out, short
 
     def afford(
         self,
@@ -320,59 +379,3 @@ def choose(
         edge = ", ".join(units.format_number(e) for e in edges_to_clear(known.value, known.edges))
         why = f"last interval straddled {edge} ({shown} measured at {known.replicates})"
     return Choice(r, counts, cost, why, True)
-
-
-def fit_first_round(
-    policy: Policy,
-    wanted: dict[str, int],
-    have: dict[str, int],
-    needs: dict[str, tuple[str, ...]],
-    seconds: dict[str, float],
-    budget_s: float | None,
-    *,
-    decides: dict[str, bool],
-) -> tuple[dict[str, int], dict[str, float], dict[str, float]]:
-    """The first round that fits in `budget_s`: (replicates per execution key, hypotheses left out with the
-    seconds their minimum would have needed, hypotheses measured at the minimum for want of the seconds
-    their forecast asked for).
-
-    The minimum (`have`) of every execution is measured if it fits. When it does not, executions are left
-    out whole, with every hypothesis that reads them, fewest decisions per second first: those none of
-    whose readers the forecast says would decide, the dearest of them first, then the rest by the
-    decisions they bring for their seconds. What is left pays for the replicates the forecasts ask
-    for, the cheapest decision first (`afford`).
-    """
-    if budget_s is None:
-        return dict(wanted), {}, {}
-    counts = dict(have)
-    kept = dict(needs)
-    left_out: dict[str, float] = {}
-
-    def total() -> float:
-        return sum(n * seconds[k] for k, n in counts.items())
-
-    def worth(k: str) -> tuple[float, float]:
-        readers = [h for h, keys in kept.items() if k in keys]
-        return sum(1 for h in readers if decides.get(h, False)) / max(counts[k] * seconds[k], 1e-9), -counts[
-            k
-        ] * seconds[k]
-
-    while total() > budget_s and kept:
-        live = sorted(
-            {k for keys in kept.values() for k in keys if counts[k] and seconds[k] > 0}, key=lambda k: (*worth(k), k)
-        )
-        if not live:
-            break
-        dropped = live[0]
-        for hid in [h for h, keys in kept.items() if dropped in keys]:
-            left_out[hid] = sum(have[k] * seconds[k] for k in needs[hid])
-            del kept[hid]
-        for k in list(counts):
-            if counts[k] and not any(k in keys for keys in kept.values()):
-                counts[k] = 0
-    if not kept:
-        return counts, left_out, {}
-    live = {k for keys in kept.values() for k in keys}
-    grown = {k: (wanted[k] if k in live else counts[k]) for k in counts}
-    afforded, short = policy.afford(grown, counts, kept, seconds, budget_s - total())
-    return afforded, left_out, short

@@ -92,9 +92,9 @@ def _start(
     if client is not None:  # measured elsewhere: never the same measurement as one made here
         environment["cluster"] = options.cluster
         say(f"cluster {options.cluster}: {remote.where(client)}")
-    basis = Basis(source_hash, environment, code_for)
-    the_plan = plan(project, hypotheses, options, basis, replicates=policy.first, note=say)
-    first = _first_round(project, hypotheses, options, policy, the_plan, basis, warm=client is None)
+    basis = Basis(source_hash, environment, code_for, replicates=policy.first)
+    the_plan = plan(project, hypotheses, options, basis, note=say)
+    first = _first_round(project, hypotheses, options, policy, the_plan, basis)
     the_plan = first.plan
     for line in first.lines:
         say(line)
@@ -128,28 +128,23 @@ def _first_round(
     policy: replicates.Policy,
     the_plan,
     basis: Basis,
-    *,
-    warm: bool,
 ) -> priors.FirstRound:
     """The first round planned from the ledger (priors.py): replicates and sample counts, within --budget."""
 
     def replan(chosen: dict[str, dict[str, int]]):
-        return plan(project, hypotheses, options, basis, replicates=policy.first, note=lambda _: None, samples=chosen)
+        return plan(project, hypotheses, options, basis, note=lambda _: None, samples=chosen)
 
     def reusable(x) -> int:
         return 0 if options.force else schedule.stored_replicates(project, x)
 
-    return priors.first_round(
-        hypotheses,
-        the_plan,
-        policy,
-        load_all_results(project),
+    setting = priors.Setting(
         quick=options.quick,
-        warm=warm and not options.fresh_processes and not options.profile,
+        warm=not (options.cluster or options.fresh_processes or options.profile),
         fixed=set(options.overrides),
         reusable=reusable,
         replan=replan,
     )
+    return priors.first_round(hypotheses, the_plan, policy, load_all_results(project), setting)
 
 
 def judge_all(ctx: RunContext, hypotheses: list[Hypothesis], look: int = 0) -> list[Judged]:

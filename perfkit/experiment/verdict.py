@@ -89,7 +89,7 @@ class Floor:
 
 #: how the reason of a verdict begins when no replicate was measured on a fit machine
 UNFIT_REASON = "the machine was not fit to measure on"
-#: ... and when the run's time budget left its probe unexecuted (replicates.fit_first_round)
+#: ... and when the run's time budget left its probe unexecuted (replicates.Policy.fit)
 NOT_MEASURED = "not measured"
 
 

@@ -10,8 +10,8 @@ import path, that imports papermill, ipykernel and the third-party modules the r
 import (torch, numpy, matplotlib; never the code under test), then waits. Each replicate of the
 round is a `fork` of it: the executor, in a session of its own, pinned to its CPUs, and at the
 executor's start a second fork, the kernel-to-be, which becomes the probe's IPython kernel when
-papermill asks for one (through `WarmProvisioner`, a Jupyter kernel provisioner: papermill and the
-notebooks stay as they are). The kernel is the executor's child, so the process tree the
+papermill asks for one (through `kernel.WarmProvisioner`, a Jupyter kernel provisioner: papermill
+and the notebooks stay as they are). The kernel is the executor's child, so the process tree the
 utilization trace watches, and kills on a timeout, is the same as a fresh replicate's.
 
 What stays independent, and why it holds:
@@ -28,7 +28,6 @@ What stays independent, and why it holds:
 from __future__ import annotations
 
 import ast
-import functools
 import json
 import os
 import select
@@ -43,7 +42,6 @@ from typing import Any
 
 from perfkit.experiment import kernel
 
-PROVISIONER = "perfkit-warm"  # the kernelspec's provisioner_name, and the entry point's name
 #: what every replicate imports before its first cell, whatever the probe: the executor's and the kernel's
 BASE = ("papermill", "nbclient", "nbformat", "jupyter_client", "ipykernel.kernelapp", "IPython")
 #: imported with these when the probe imports them: the part the probe's first cell would pay for
@@ -159,15 +157,8 @@ def _preload(names: list[str], root: Path | None) -> tuple[list[str], list[str]]
     return done, skipped
 
 
-def _reseed() -> None:
-    """Fresh entropy for what a fresh process seeds at import (numpy's global state; `random` does it itself)."""
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed(int.from_bytes(os.urandom(4), "little"))
-
-
-def _fork_executor(request: dict, listener: socket.socket, conns: list[socket.socket]) -> int:
-    """Fork one replicate's executor; in the child this never returns."""
+def _fork_executor(request: dict, listener: socket.socket, conns: list[socket.socket], child) -> int:
+    """Fork one replicate's executor, `child(spec)` in the new process; in the child this never returns."""
     pid = os.fork()
     if pid:
         return pid
@@ -184,11 +175,9 @@ def _fork_executor(request: dict, listener: socket.socket, conns: list[socket.so
         os.dup2(log, 2)
         os.environ.clear()
         os.environ.update(request["env"])
-        _reseed()
-        from perfkit.experiment import execute
-
+        kernel.reseed()
         sys.argv = [sys.argv[0], request["spec"]]
-        code = execute._child(request["spec"])
+        code = child(request["spec"])
     except BaseException:  # noqa: BLE001 - the executor's own failure: printed to its log, exit 1
         import traceback
 
@@ -199,8 +188,9 @@ def _fork_executor(request: dict, listener: socket.socket, conns: list[socket.so
         os._exit(code)
 
 
-def serve(socket_path: str, preload: list[str], root: str | None) -> int:
-    """The template's life: import, say ready on stdout, fork an executor per request until told to stop.
+def serve(socket_path: str, preload: list[str], root: str | None, child) -> int:
+    """The template's life: import, say ready on stdout, fork an executor (`child(spec)`: execute.py's) per
+    request until told to stop (`python -m perfkit.experiment.execute --template`).
 
     Each request is one line of JSON on a Unix socket ({"spec", "log", "env"}); the answer is one line
     {"pid": N}, then, when that executor has ended, one line {"status": N} (its wait status)."""
@@ -235,7 +225,7 @@ def serve(socket_path: str, preload: list[str], root: str | None) -> int:
             if not line:
                 s.close()
                 continue
-            pid = _fork_executor(json.loads(line), listener, conns)
+            pid = _fork_executor(json.loads(line), listener, conns, child)
             children[pid] = s
             s.sendall((json.dumps({"pid": pid}) + "\n").encode())
         _reap(children)
@@ -335,7 +325,8 @@ class Template:
 
         self.folder = Path(tempfile.mkdtemp(prefix="perfkit-warm-"))  # short: a socket's path has ~100 bytes
         self.socket_path = str(self.folder / "template.sock")
-        argv = [sys.executable, "-m", "perfkit.experiment.warm", self.socket_path, json.dumps(preload), str(root or "")]
+        argv = [sys.executable, "-m", "perfkit.experiment.execute", "--template", self.socket_path, json.dumps(preload)]
+        argv.append(str(root or ""))
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, start_new_session=True, text=True
         )
@@ -376,139 +367,3 @@ class Template:
             self.proc.stdout.close()
         Path(self.socket_path).unlink(missing_ok=True)
         self.folder.rmdir()
-
-
-# ---------------------------------------------------------------- the executor's side: the kernel-to-be
-
-
-_prekernel: dict[str, int] = {}  # in a warm executor: the kernel-to-be's pid and the pipes to it
-
-
-def fork_prekernel() -> None:
-    """In a warm executor, before any thread or event loop: fork the process that will be its kernel.
-
-    It waits on a pipe for the launch (argv, environment, folder) `WarmProvisioner` sends, then runs
-    the perfkit kernel; the executor's end of the pipe closing first means no kernel was wanted."""
-    launch_read, launch_write = os.pipe()  # the executor sends the launch
-    ack_read, ack_write = os.pipe()  # the kernel-to-be answers once it is in a session of its own
-    pid = os.fork()
-    if pid:
-        os.close(launch_read)
-        os.close(ack_write)
-        _prekernel.update(pid=pid, send=launch_write, ack=ack_read)
-        return
-    os.close(launch_write)
-    os.close(ack_read)
-    code = 0
-    try:
-        with os.fdopen(launch_read, "rb") as pipe:
-            data = pipe.read()
-        if not data:
-            os._exit(0)
-        launch = json.loads(data)
-        os.setsid()  # as jupyter_client starts a kernel: a session of its own, so a signal to it is to it alone
-        os.write(ack_write, b"1")
-        os.close(ack_write)
-        os.chdir(launch["cwd"])
-        os.environ.clear()
-        os.environ.update(launch["env"])
-        _reseed()
-        sys.argv = list(launch["argv"][2:])
-        kernel.launch(launch["argv"][3:], warm=True)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 0
-    except BaseException:  # noqa: BLE001 - the kernel's own failure goes to the executor's log
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-class _Child:
-    """The kernel-to-be as a Popen-like object for jupyter_client's LocalProvisioner (our own child)."""
-
-    def __init__(self, pid: int):
-        self.pid = pid
-        self.returncode: int | None = None
-        self.stdin = self.stdout = self.stderr = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                self.returncode = -9  # reaped elsewhere (the executor kills what is left at its end)
-                return self.returncode
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout)
-            time.sleep(0.02)
-        return self.returncode
-
-    def send_signal(self, signum: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, signum)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-
-@functools.cache
-def _provisioner_class():
-    from jupyter_client.provisioning.local_provisioner import LocalProvisioner
-
-    class WarmProvisioner(LocalProvisioner):
-        """Launches the kernel as the warm executor's kernel-to-be; anywhere else, as LocalProvisioner does."""
-
-        async def launch_kernel(self, cmd: list[str], **kwargs: Any):
-            if "pid" not in _prekernel:  # not a warm executor, or its kernel-to-be was used: a fresh kernel
-                return await super().launch_kernel(cmd, **kwargs)
-            pid, send, ack = _prekernel.pop("pid"), _prekernel.pop("send"), _prekernel.pop("ack")
-            env = kwargs.get("env") or dict(os.environ)
-            launch = {"argv": list(cmd), "env": dict(env), "cwd": str(kwargs.get("cwd") or os.getcwd())}
-            os.write(send, json.dumps(launch).encode())
-            os.close(send)
-            os.read(ack, 1)  # its own session now: a signal to its group reaches it alone
-            os.close(ack)
-            self.process = _Child(pid)
-            self.pid = self.pgid = pid
-            self.cwd = launch["cwd"]
-            return self.connection_info
-
-    return WarmProvisioner
-
-
-def register_provisioner() -> None:
-    """Make `perfkit-warm` known to jupyter_client in this process (the entry point may not be installed:
-    a checkout run without `pip install`)."""
-    from importlib.metadata import EntryPoint
-
-    from jupyter_client.provisioning.factory import KernelProvisionerFactory
-
-    factory = KernelProvisionerFactory.instance()
-    factory.provisioners[PROVISIONER] = EntryPoint(
-        name=PROVISIONER, value="perfkit.experiment.warm:WarmProvisioner", group=KernelProvisionerFactory.GROUP_NAME
-    )
-
-
-def __getattr__(name: str):
-    if name == "WarmProvisioner":  # built on first use: importing this module stays free of jupyter_client
-        return _provisioner_class()
-    raise AttributeError(name)
-
-
-if __name__ == "__main__":
-    sys.exit(serve(sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] or None))

@@ -8,7 +8,7 @@ inside `capture()`. When off, `span` returns one shared do-nothing context manag
 `timed` returns the function itself, so instrumented code pays a global lookup and nothing else.
 
 When on, every name keeps an aggregate (n, mean, p50, p99, last, total) in constant time and
-memory: count, total and last exact, the quantiles within 1% (`perfkit.stats.QuantileSketch`).
+memory: count, total and last exact, the quantiles within 1% (`perfkit.sketch.QuantileSketch`).
 Every line (`proflines.format_line`) names the process (`pid=`) and its `rank=` once known
 (torch.distributed's, kept once seen, else $RANK), so logs of many workers merge (`perfkit prof`,
 `perfkit.record_profile_lines`). While profiling is on (not merely inside `capture()`, which
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from perfkit.phases import PHASES, STEP, UNATTRIBUTED
 from perfkit.probe import logsources, proflines
-from perfkit.stats import QuantileSketch
+from perfkit.sketch import QuantileSketch
 
 __all__ = ["span", "timed", "capture", "enabled", "set_enabled", "set_log_every", "set_interval", "flush"]
 __all__ += ["report", "stats", "reset", "Capture", "SpanStats"]

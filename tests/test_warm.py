@@ -1,0 +1,178 @@
+"""Warm replicates (perfkit/experiment/warm.py) against known truth: each replicate forked from its round's
+template is still a process of its own, so state that differs between processes still differs, and the
+interval still sees it; `--fresh-processes` starts them the old way. Real papermill executions of a
+small probe, in a project made by the test."""
+
+import json
+import threading
+from pathlib import Path
+
+import nbformat
+import pytest
+from records import run
+
+from perfkit.experiment import runner, schedule, warm
+from perfkit.paths import Project
+
+PROBE = """import os, sys, threading
+import numpy as np
+import matplotlib.pyplot as plt
+import perfkit
+
+offset = float(np.random.normal())  # numpy's global state, seeded when numpy is imported: once per process
+rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+perfkit.record("offset", [10 + offset + 0.01 * x for x in rng.standard_normal(20)], unit="ms")
+perfkit.record("hash_seed", [abs(hash("perfkit warm")) % 1_000_003] * 5, unit="count")
+perfkit.record("pid", [os.getpid()] * 5, unit="count")
+perfkit.record("threads", [threading.active_count()] * 5, unit="count")
+print(sorted(t.name for t in threading.enumerate()))
+perfkit.record("address", [id(object()) % 1_000_003] * 5, unit="count")
+fig = plt.figure(figsize=(2, 2))
+plt.plot([1, 2, 3])
+plt.show()
+"""
+
+HYPOTHESIS = """id: {id}
+claim: The process offsets average near 10 ms.
+rationale: Each process draws an offset with sd 1 ms around 10 ms.
+expect:
+  kind: cost
+  metric: offset
+  value: 10
+  unit: ms
+  factor: 3
+probe:
+  notebook: identity.ipynb
+  params: {{n: {n}}}
+"""
+
+
+def _project(root: Path) -> Project:
+    (root / "hypotheses").mkdir(parents=True)
+    (root / "notebooks").mkdir()
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("n: int = 1  # which execution")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(PROBE)]
+    nb.metadata["kernelspec"] = {"name": "perfkit", "display_name": "perfkit", "language": "python"}
+    nbformat.write(nb, str(root / "notebooks" / "identity.ipynb"))
+    for i in (1, 2):
+        (root / "hypotheses" / f"identity-{i}.yaml").write_text(HYPOTHESIS.format(id=f"identity-{i}", n=i))
+    return Project(root)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    out = {}
+    for how in ("warm", "fresh"):
+        project = _project(tmp_path_factory.mktemp(how))
+        lines: list[str] = []
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
+            mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+            report = run(
+                project,
+                all=True,
+                quick=True,
+                replicates=4,
+                budget_s=0,
+                fresh_processes=how == "fresh",
+                out=lines.append,
+            )
+        out[how] = (project, report, lines)
+    return out
+
+
+def _values(project: Project, report, name: str) -> dict[tuple[int, int], float]:
+    """(execution n, replicate) -> the first sample of `name`, from the stored executions."""
+    found = {}
+    for path in sorted((project.runs_dir / report.run_id / "executions").glob("*/r*/execution.json")):
+        x = json.loads(path.read_text())
+        for record in x["records"]:
+            if record["name"] == name:
+                found[x["params"]["n"], x["replicate"]] = record["samples"][0]
+    return found
+
+
+def test_warm_replicates_are_forked_from_a_template_per_round_and_say_so(measured):
+    project, report, lines = measured["warm"]
+    assert sum("[warm]    replicate" in line and "a template with" in line for line in lines) == 4  # a round each
+    executions = [x for h in report.results.hypotheses for x in h.executions]
+    assert executions and all(x.warm is True and x.status == "ok" for x in executions)
+    fresh = [x for h in measured["fresh"][1].results.hypotheses for x in h.executions]
+    assert fresh and all(x.warm is False for x in fresh)
+    # what a replicate costs before its first measuring cell: warm, the imports were paid by the template
+    warm_setup = sorted(x.setup_s for x in executions)
+    fresh_setup = sorted(x.setup_s for x in fresh)
+    assert warm_setup[len(warm_setup) // 2] < fresh_setup[len(fresh_setup) // 2]
+
+
+@pytest.mark.parametrize("how", ["warm", "fresh"])
+def test_every_replicate_is_a_process_of_its_own_with_its_own_state(measured, how):
+    project, report, _ = measured[how]
+    pids = _values(project, report, "pid")
+    assert len(set(pids.values())) == len(pids) == 8  # 2 executions x 4 replicates, each its own process
+    offsets = _values(project, report, "offset")
+    assert len(set(offsets.values())) == 8  # numpy's global state is seeded anew in each (a fork would copy it)
+    # a warm kernel runs the threads a fresh one does (ipykernel's own), none more from the template
+    fresh_threads = set(_values(*measured["fresh"][:2], "threads").values())
+    assert set(_values(project, report, "threads").values()) == fresh_threads and len(fresh_threads) == 1
+    seeds = _values(project, report, "hash_seed")
+    for n in (1, 2):  # the replicates of one execution never share a hash seed: one template per round
+        assert len({seeds[n, r] for r in range(4)}) == 4, seeds
+
+
+def test_the_interval_still_sees_the_spread_between_processes(measured):
+    """Known truth: offsets of sd 1 ms between processes, 0.01 ms within one. The interval of 4 processes
+    must be as wide as the offsets make it, warm as fresh, not as narrow as the within-process noise."""
+    for how in ("warm", "fresh"):
+        _, report, _ = measured[how]
+        for h in report.results.hypotheses:
+            m = h.measured
+            assert m.replicates == 4 and m.between is not None and m.between > 0.9, (how, m)
+            assert m.high - m.low > 0.2, (how, m)  # 4 processes with sd 1: a half-width of ~1.6/sqrt(...)
+
+
+def test_a_warm_kernel_shows_its_figures_inline(measured):
+    project, report, _ = measured["warm"]
+    notebooks = list((project.runs_dir / report.run_id / "executions").glob("*/r*/executed.ipynb"))
+    assert notebooks
+    for path in notebooks:
+        nb = nbformat.read(str(path), as_version=4)
+        shown = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+        assert shown, path
+
+
+def test_what_a_template_imports_comes_from_the_probes_and_never_the_code_under_test(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "import numpy as np\nfrom matplotlib import pyplot\nimport ownlib.fast\n%matplotlib inline"
+        ),
+        nbformat.v4.new_markdown_cell("import not_code"),
+    ]
+    source = nbformat.writes(nb).encode()
+    assert warm.probe_imports(source) == ["numpy", "matplotlib", "ownlib.fast"]
+    assert set(warm.BASE) <= set(warm.preloads([source]))
+    (tmp_path / "ownlib").mkdir()
+    (tmp_path / "ownlib" / "__init__.py").write_text("")
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert not warm._outside("ownlib", tmp_path)  # the code under test is imported by each replicate itself
+        assert warm._outside("numpy", tmp_path)
+        assert not warm._outside("no_such_module_here", tmp_path)
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_a_template_with_a_thread_running_refuses_to_fork():
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait, name="someones-pool", daemon=True)
+    worker.start()
+    try:
+        assert "someones-pool" in warm._ready_to_fork()
+    finally:
+        stop.set()
+        worker.join()
