@@ -41,7 +41,7 @@ _DELEGATED = {
     "env": "perfkit.machine.snapshot",
     "gpu-check": "perfkit.machine.gpucheck",
     "roofline": "perfkit.machine.roofline",
-    "overhead": "perfkit.machine.overhead",
+    "overhead": "perfkit.experiment.costs",
     "prof": "perfkit.probe.proflines",
     "init": "perfkit.experiment.init",
     "kernel": "perfkit.experiment.kernel",

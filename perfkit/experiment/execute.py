@@ -265,6 +265,9 @@ def child_environment(kernel_dir: Path, code_root: Path, env: dict[str, str]) ->
     # (kernel.on_path): this root, not the project the notebook's folder is in
     child_env[kernel.CODE_ROOT_ENV] = str(code_root)
     child_env[kernel.OUTPUT_CAP_ENV] = str(OUTPUT_CAP_BYTES)  # the kernel cuts a flood before it reaches us
+    # every replicate draws its own hash seed: a fixed one inherited from the process that runs perfkit (a
+    # Dask worker's nanny sets 6640 for its own processes) would make every replicate share its dict layouts
+    child_env["PYTHONHASHSEED"] = "random"
     return child_env
 
 
@@ -278,7 +281,7 @@ def _launch(
             if _stopping.is_set():
                 raise KeyboardInterrupt("the run was interrupted before this execution started")
             if job.template is not None:  # forked from the round's template: the same child, warm
-                proc = job.template.fork(spec_path, log_path, child_env)
+                proc = job.template.fork(spec_path, log_path, child_env, job.cpus)
             else:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "perfkit.experiment.execute", str(spec_path)],

@@ -145,6 +145,7 @@ class Setting:
     fixed: set[str]  # sample-count parameters the command line set: never chosen
     reusable: Callable[[Execution], int]  # replicates earlier runs measured with this very key (0 with --force)
     replan: Callable[[dict[str, dict[str, int]]], Plan]  # the plan again, with sample counts per execution key
+    choose_replicates: bool = True  # False: the command line said how many (--replicates): the plan keeps them
 
 
 @dataclass
@@ -190,12 +191,13 @@ def _per_execution(the_plan: Plan, choices, costs, setting: Setting) -> _Executi
         k = x.key
         readers = [hid for hid, keys in the_plan.needs.items() if k in keys]
         if stored[k] >= the_plan.replicates[k]:
-            out.wanted[k] = out.have[k] = stored[k]
+            out.wanted[k] = out.have[k] = the_plan.replicates[k]
             out.chosen[k] = costs[k].counts if costs[k] is not None else {}
             out.seconds[k] = 0.0
             continue
         out.have[k] = the_plan.replicates[k]
-        out.wanted[k] = max(out.have[k], *(choices[hid].replicates for hid in readers))
+        asked = [choices[hid].replicates for hid in readers] if setting.choose_replicates else []
+        out.wanted[k] = max([out.have[k], *asked])
         for hid in readers:
             for name, n in choices[hid].counts.items():
                 out.chosen.setdefault(k, {})[name] = max(out.chosen.get(k, {}).get(name, 0), n)

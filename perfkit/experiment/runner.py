@@ -143,6 +143,7 @@ def _first_round(
         fixed=set(options.overrides),
         reusable=reusable,
         replan=replan,
+        choose_replicates=options.replicates is None,
     )
     return priors.first_round(hypotheses, the_plan, policy, load_all_results(project), setting)
 

@@ -192,7 +192,7 @@ def serve(socket_path: str, preload: list[str], root: str | None, child) -> int:
     """The template's life: import, say ready on stdout, fork an executor (`child(spec)`: execute.py's) per
     request until told to stop (`python -m perfkit.experiment.execute --template`).
 
-    Each request is one line of JSON on a Unix socket ({"spec", "log", "env"}); the answer is one line
+    Each request is one line of JSON on a Unix socket ({"spec", "log", "env", "cpus"}); the answer is one line
     {"pid": N}, then, when that executor has ended, one line {"status": N} (its wait status)."""
     started = time.monotonic()
     sys.modules.setdefault("rfc3987_syntax", None)  # 1.6 s of grammar for a format papermill never checks
@@ -225,7 +225,10 @@ def serve(socket_path: str, preload: list[str], root: str | None, child) -> int:
             if not line:
                 s.close()
                 continue
-            pid = _fork_executor(json.loads(line), listener, conns, child)
+            request = json.loads(line)
+            if request.get("cpus"):  # the fork's own cost lands on the CPUs of the slot that asked, not a sibling's
+                os.sched_setaffinity(0, request["cpus"])
+            pid = _fork_executor(request, listener, conns, child)
             children[pid] = s
             s.sendall((json.dumps({"pid": pid}) + "\n").encode())
         _reap(children)
@@ -344,11 +347,13 @@ class Template:
             raise TemplateFailed(f"the template cannot fork replicates: {ready['refused']}")
         return ready
 
-    def fork(self, spec: Path, log: Path, env: dict[str, str]) -> Forked:
-        """A new executor for the job whose spec is at `spec`, writing to `log`, with environment `env`."""
+    def fork(self, spec: Path, log: Path, env: dict[str, str], cpus: tuple[int, ...] | None = None) -> Forked:
+        """A new executor for the job whose spec is at `spec`, writing to `log`, with environment `env`,
+        forked on `cpus` (its slot's: it pins itself there before its kernel starts)."""
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(self.socket_path)
-        conn.sendall((json.dumps({"spec": str(spec), "log": str(log), "env": env}) + "\n").encode())
+        request = {"spec": str(spec), "log": str(log), "env": env, "cpus": list(cpus) if cpus else None}
+        conn.sendall((json.dumps(request) + "\n").encode())
         line = _read_line(conn)
         if not line:
             conn.close()
