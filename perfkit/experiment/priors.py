@@ -236,9 +236,10 @@ def first_round(
     out = FirstRound(new_plan, seconds=sum(counts[k] * ex.seconds[k] for k in counts if counts[k]), short=short)
     out.lines = _lines(the_plan, choices, ex, counts, left_out, short)
     for hid, need in left_out.items():
+        why = "" if choices[hid].decides else f" ({choices[hid].why})"
         out.left_out[hid] = (
             f"{NOT_MEASURED}: its replicates did not fit the run's --budget "
-            f"({policy.budget_s:g} s); its minimum would have needed about {need:.0f} s"
+            f"({policy.budget_s:g} s); its minimum would have needed about {need:.0f} s{why}"
         )
         out.lines.append(f"[plan]    {hid}: {out.left_out[hid]}")
     return out

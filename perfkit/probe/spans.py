@@ -127,19 +127,34 @@ def rank() -> int | None:
     return int(value) if value.isdigit() else None
 
 
-class _Series:
-    """The aggregate of one name (constant size), plus CUDA events still waiting on the device."""
+FOLD_EVERY = 256  # host durations kept raw before they are folded into the sketch: the memory stays constant
 
-    __slots__ = ("sketch", "pending", "calls", "logged_at")
+
+class _Series:
+    """The aggregate of one name (constant size), plus CUDA events still waiting on the device.
+
+    A host duration is appended to `host` (a deque: appends from any thread, drained from the left, lose
+    nothing) and folded into the sketch FOLD_EVERY at a time, in one vectorized pass: a span's own cost
+    is then two clock reads and an append, not a logarithm and a dictionary update per call."""
+
+    __slots__ = ("sketch", "pending", "calls", "logged_at", "host", "idle")
 
     def __init__(self) -> None:
         self.sketch = QuantileSketch()
         self.pending: deque[tuple] = deque()  # (start_event, end_event, sinks), oldest first
+        self.host: deque[float] = deque()  # host durations not folded yet, oldest first
+        self.idle: list[_Span] = []  # span objects of this name not in use: reused rather than made anew
         self.calls = 0
         self.logged_at = 0
 
+    def fold(self) -> None:
+        """Fold the host durations taken so far into the sketch (hold `_lock`)."""
+        host = self.host
+        self.sketch.add_many([host.popleft() for _ in range(len(host))])
+
     def stats(self, name: str) -> SpanStats | None:
         """The aggregate, read consistently even while another thread adds to it (a report's thread)."""
+        self.fold()
         k = self.sketch
         for _ in range(1000):
             n = k.n
@@ -275,6 +290,8 @@ def _cuda():
 
 
 _NULL = contextlib.nullcontext()  # the span while profiling is off: does nothing, shared by every call
+_modules = sys.modules
+_clock = time.perf_counter
 
 
 class _Slot:
@@ -293,55 +310,72 @@ class _Slot:
 _profiler_check: tuple = (None, None)  # (the torch module, its profiler-enabled check), found once
 
 
+def _profiler_find(torch):
+    """torch's own check whether a torch.profiler (or autograd profiler) session is recording, found once."""
+    global _profiler_check
+    autograd = getattr(getattr(torch, "_C", None), "_autograd", None)
+    # a torch without the check: never annotate, never crash
+    _profiler_check = (torch, getattr(autograd, "_profiler_enabled", None) or (lambda: False))
+    return _profiler_check[1]
+
+
 def _profiler_on() -> bool:
     """Whether a torch.profiler (or autograd profiler) session is recording: one C call, or False."""
-    global _profiler_check
     torch = sys.modules.get("torch")
     if torch is None:
         return False
-    if _profiler_check[0] is not torch:
-        autograd = getattr(getattr(torch, "_C", None), "_autograd", None)
-        # a torch without the check: never annotate, never crash
-        _profiler_check = (torch, getattr(autograd, "_profiler_enabled", None) or (lambda: False))
-    return _profiler_check[1]()
+    return (_profiler_check[1] if _profiler_check[0] is torch else _profiler_find(torch))()
 
 
 class _Span:
-    __slots__ = ("name", "t0", "cuda", "start_event", "sinks", "annotation")
+    """One timed block. The host path (no CUDA, no capture open, no torch profiler recording) is kept to
+    two clock reads, an append and a few checks: `perfkit overhead` prints what it costs per call."""
 
-    def __init__(self, name: str):
+    __slots__ = ("name", "series", "t0", "cuda", "start_event", "sinks", "annotation")
+
+    def __init__(self, name: str, series: _Series):
         self.name = name
-        self.cuda = None if _cuda_available is False else _cuda()  # a machine without CUDA asks once
-        self.annotation = None
+        self.series = series
 
     def __enter__(self):
+        self.cuda = None if _cuda_available is False else _cuda()  # a machine without CUDA asks once
+        self.annotation = None
         self.sinks = [c._open(self.name) for c in _captures] if _captures else ()
-        if _profiler_on():
-            self.annotation = sys.modules["torch"].autograd.profiler.record_function(self.name)
-            self.annotation.__enter__()
-        if self.cuda is not None:
-            self.cuda.nvtx.range_push(self.name)
-            self.start_event = self.cuda.Event(enable_timing=True)
-            self.start_event.record()
-        else:
-            self.t0 = time.perf_counter()
+        torch = _modules.get("torch")
+        if torch is not None:  # without torch no profiler can be recording
+            check = _profiler_check[1] if _profiler_check[0] is torch else _profiler_find(torch)
+            if check():
+                self.annotation = torch.autograd.profiler.record_function(self.name)
+                self.annotation.__enter__()
+        cuda = self.cuda
+        if cuda is None:
+            self.t0 = _clock()
+            return self
+        cuda.nvtx.range_push(self.name)
+        self.start_event = cuda.Event(enable_timing=True)
+        self.start_event.record()
         return self
 
     def __exit__(self, *exc):
-        if self.cuda is None:
-            seconds = time.perf_counter() - self.t0
-        series = _series.get(self.name) or _series_for(self.name)
+        cuda = self.cuda
+        if cuda is None:
+            seconds = _clock() - self.t0
+        series = self.series
         series.calls += 1
-        if self.cuda is not None:
-            end = self.cuda.Event(enable_timing=True)
-            end.record()
-            self.cuda.nvtx.range_pop()
-            series.pending.append((self.start_event, end, [s for s in self.sinks if s is not None]))
-        else:
-            series.sketch.add(seconds)
+        if cuda is None:
+            host = series.host
+            host.append(seconds)
+            if len(host) >= FOLD_EVERY:
+                with _lock:
+                    series.fold()
             for sink in self.sinks:
                 if sink is not None:
                     sink.set(seconds)
+        else:
+            end = cuda.Event(enable_timing=True)
+            end.record()
+            cuda.nvtx.range_pop()
+            series.pending.append((self.start_event, end, [s for s in self.sinks if s is not None]))
         if self.annotation is not None:
             self.annotation.__exit__(None, None, None)
         if _captures:
@@ -355,6 +389,7 @@ class _Span:
                 st = series.stats(self.name)
             if st is not None:
                 _write((st.line(),))
+        series.idle.append(self)  # done: the next span of this name may use it
         return False
 
 
@@ -362,7 +397,9 @@ def span(name: str):
     """Time the enclosed block under `name` when profiling is on; do nothing otherwise."""
     if not _active:
         return _NULL
-    return _Span(name)
+    series = _series.get(name) or _series_for(name)
+    idle = series.idle
+    return idle.pop() if idle else _Span(name, series)  # one per block in flight: nesting and threads each get theirs
 
 
 def timed(name: str | None = None):
@@ -379,7 +416,7 @@ def timed(name: str | None = None):
         def wrapper(*args, **kwargs):
             if not _active:
                 return fn(*args, **kwargs)
-            with _Span(label):
+            with span(label):
                 return fn(*args, **kwargs)
 
         return functools.update_wrapper(wrapper, fn)
