@@ -141,7 +141,7 @@ def wait_for_cores(threads: int, *, on: tuple[int, ...] | None = None, timeout_s
 
     on = on or cpus()
     started = time.monotonic()
-    while free_cores(on=on, seconds=0.5) < min(threads, len(on)):
+    while free_cores(on=on, seconds=0.2) < min(threads, len(on)):
         if time.monotonic() - started >= timeout_s:
             break
     return time.monotonic() - started

@@ -31,8 +31,8 @@ def url(path: str) -> str:
 
 DEFAULT_LEVEL = "95%"  # what the headers of every view say; a measurement judged at another level says its own
 LEVEL_NOTE = (
-    "A measurement marked with another level (98.3%) comes from a run that looked at the evidence more than\n"
-    "once: each look is judged at that wider interval, and the verdict with it.\n"
+    "A measurement marked with another level (95.5%, 99.6%) comes from a run that could look at the evidence\n"
+    "more than once: each look is judged at the share of the 5% it spends, and the verdict with it.\n"
 )
 
 
