@@ -27,7 +27,8 @@ FRESH_SETUP_S = 7.5  # what a fresh replicate cost outside its measuring cells, 
 WARM_SETUP_S = 1.0  # ... and a warm one (measured: 0.8-1.5 s for the shipped probes)
 UNKNOWN_COST_S = 20.0  # a replicate of an execution never measured before
 TEMPLATE_S = 4.0  # a round's warm template: an interpreter importing torch, papermill, ipykernel
-RUN_S = 20.0  # what a run spends outside its replicates: planning, the machine's snapshot, plots, the ledger
+REPLICATE_S = 0.8  # a replicate's cost outside its own wall time: waiting to see its cores free, its trace's plot
+RUN_S = 12.0  # what a run spends outside its replicates: planning, the machine's snapshot, plots, the ledger
 
 
 def _log_scale(value: float, low: float, high: float) -> bool | None:
@@ -201,7 +202,7 @@ def _per_execution(the_plan: Plan, choices, costs, setting: Setting) -> _Executi
         for hid in readers:
             for name, n in choices[hid].counts.items():
                 out.chosen.setdefault(k, {})[name] = max(out.chosen.get(k, {}).get(name, 0), n)
-        out.seconds[k] = costs[k].at(out.chosen.get(k, {})) if costs[k] else UNKNOWN_COST_S
+        out.seconds[k] = (costs[k].at(out.chosen.get(k, {})) if costs[k] else UNKNOWN_COST_S) + REPLICATE_S
     return out
 
 
@@ -218,7 +219,7 @@ def first_round(
     costs = {x.key: _cost_of(x, hypotheses, the_plan, entries, counted, setting.warm) for x in the_plan.executions}
     choices = _choices(hypotheses, the_plan, policy, entries, costs, setting)
     ex = _per_execution(the_plan, choices, costs, setting)
-    overhead = RUN_S + (TEMPLATE_S * max(ex.wanted.values(), default=0) if setting.warm else 0.0)
+    overhead = RUN_S + (TEMPLATE_S * max(ex.have.values(), default=0) if setting.warm else 0.0)  # a template a round
     ask = replicates.Ask(ex.wanted, ex.have, the_plan.needs, ex.seconds, {h: c.decides for h, c in choices.items()})
     budget = None if not policy.budget_s else policy.budget_s - overhead  # --budget 0: measure the plan, add none
     counts, left_out, short = policy.fit(ask, budget)
