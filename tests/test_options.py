@@ -91,7 +91,7 @@ def test_the_manifest_records_the_options_the_run_was_given(tmp_path, monkeypatc
     manifest = json.loads((tmp_path / "p" / "runs" / report.run_id / "manifest.json").read_text())
     assert manifest["options"]["ids"] == ["fx-cost-confirmed"] and manifest["options"]["quick"] is True
     assert manifest["options"]["replicates"] == 1 and manifest["confidence"] == pytest.approx(0.955)  # may look again
-    assert manifest["budget_s"] == 300.0  # --quick's default budget
+    assert manifest["budget_s"] == 285.0  # --quick's default budget
     assert set(manifest["options"]) == {f.name for f in FLAGGED} | {"hypotheses"}
 
 

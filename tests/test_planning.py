@@ -166,3 +166,13 @@ def test_a_stored_interval_gives_back_its_spread_in_either_format():
     linear = Measured("", "%", diff.value, diff.low, diff.high, 3, 6, None, 0.95)
     assert priors._spread(linear) == (pytest.approx(diff.spread, rel=1e-9), False)
     assert priors._spread(Measured("", "%", 1.0, 1.0, 1.0, 1, 6, None, 0.95)) is None  # one process: no spread
+
+
+def test_an_execution_left_out_early_comes_back_when_a_dearer_one_left_after_it():
+    """a brings 1 decision for 30 s, b 2 for 55 s, c 3 for 85 s; 90 s in all. Leaving out the fewest
+    decisions per second first drops a, then c; then a fits again, and is measured."""
+    needs = {"a1": ("a",), "b1": ("b",), "b2": ("b",), "c1": ("c",), "c2": ("c",), "c3": ("c",)}
+    seconds = {"a": 10.0, "b": 55.0 / 3, "c": 85.0 / 3}
+    have = {"a": 3, "b": 3, "c": 3}
+    counts, left_out, _ = P.fit(policy.Ask(have, have, needs, seconds, dict.fromkeys(needs, True)), 90.0)
+    assert counts == {"a": 3, "b": 3, "c": 0} and set(left_out) == {"c1", "c2", "c3"}

@@ -131,7 +131,7 @@ class RunOptions:
         None,
         "--budget",
         "wall-clock seconds the whole run's measuring may take, the first round included: it measures what "
-        "decides most verdicts per second and says what did not fit (default 300 with --quick, none otherwise; "
+        "decides most verdicts per second and says what did not fit (default 285 with --quick, none otherwise; "
         "0: the first round as planned, and no replicates added)",
         type=float,
         metavar="SECONDS",

@@ -38,7 +38,7 @@ from perfkit.experiment.verdict import UNFIT_REASON, Judgement, Verdict
 DEFAULT_REPLICATES = {"quick": 3, "full": 5}
 MORE_LOOKS = 2  # times a run may add replicates to verdicts the first look left undecided
 FIRST_SHARE = 0.9  # of the 5% error rate, what the first look spends when the run may look again
-QUICK_BUDGET_S = 300.0  # --quick's default --budget: the whole run's measuring, about 5 minutes
+QUICK_BUDGET_S = 285.0  # --quick's default --budget: the whole run within 5 minutes, with 15 s to spare
 MARGIN = 0.8  # a plan asks for an interval this share of the distance to the edge: the stored spread is itself noisy
 
 
@@ -105,10 +105,11 @@ class Policy:
             return sum(n * seconds[k] for k, n in counts.items())
 
         def worth(k: str) -> tuple[float, float]:
-            """(decisions per second, minus seconds): the first to leave out sorts first."""
-            spend = counts[k] * seconds[k]
+            """(decisions per second of what deciding costs, minus seconds): the first to leave out sorts
+            first. A decision whose replicates alone would not fit in the budget counts for none."""
+            spend = wanted[k] * seconds[k]
             decisions = sum(1 for h, keys in kept.items() if k in keys and decides.get(h, False))
-            return decisions / max(spend, 1e-9), -spend
+            return (decisions if spend <= budget_s else 0) / max(spend, 1e-9), -counts[k] * seconds[k]
 
         while total() > budget_s and kept:
             live = sorted(
@@ -124,6 +125,13 @@ class Policy:
             for k in list(counts):
                 if counts[k] and not any(k in keys for keys in kept.values()):
                     counts[k] = 0
+        for hid in sorted(left_out, key=lambda h: (left_out[h], h)):  # what fits again once dearer ones left
+            more = sum(have[k] * seconds[k] for k in needs[hid] if not counts[k])
+            if total() + more <= budget_s:
+                kept[hid] = needs[hid]
+                for k in needs[hid]:
+                    counts[k] = have[k]
+                del left_out[hid]
         if not kept:
             return counts, left_out, {}
         live = {k for keys in kept.values() for k in keys}
