@@ -176,3 +176,27 @@ def test_an_execution_left_out_early_comes_back_when_a_dearer_one_left_after_it(
     have = {"a": 3, "b": 3, "c": 3}
     counts, left_out, _ = P.fit(policy.Ask(have, have, needs, seconds, dict.fromkeys(needs, True)), 90.0)
     assert counts == {"a": 3, "b": 3, "c": 0} and set(left_out) == {"c1", "c2", "c3"}
+
+
+def test_the_forecast_takes_the_median_spread_of_the_last_measurements_not_one_outlier():
+    """Three fit quick runs of one record: spreads 0.05, 0.9 (a run on a slowed machine), 0.06. The plan
+    forecasts with 0.06, the median, and the latest estimate; a full run's measurement is another mode."""
+    from records import result, run_results
+
+    from perfkit.experiment import history
+
+    h = hypothesis(expectation(kind="at_most", metric="t", unit="ms", value=10.0), id="h")
+
+    def measured(value, spread):
+        return Measured("mean", "ms", value, value * 0.9, value * 1.1, 3, 30, 0.5, 0.955, spread=spread, log=True)
+
+    runs = [
+        run_results(f"r{i}", result("h", "confirmed", run_id=f"r{i}", measured=measured(v, s)), quick=quick)
+        for i, (v, s, quick) in enumerate([(5.0, 0.05, True), (6.0, 0.9, True), (5.5, 0.06, True), (1.0, 0.01, False)])
+    ]
+    entries = history.history(runs)["h"]
+    prior = priors.known(h, entries, quick=True)
+    assert prior.value == 5.5 and prior.spread == 0.06 and prior.edges == (None, 10.0) and prior.run_id == "r2"
+    assert priors.known(h, entries, quick=False).value == 1.0
+    edited = hypothesis(h.expect, id="h")
+    assert priors.known(type(edited)(**{**edited.__dict__, "hash": "1"}), entries, quick=True) is None  # another record

@@ -67,17 +67,33 @@ def _between(result: HypothesisResult) -> float:
     return max(shares) if shares else 0.5
 
 
+RECENT = (
+    3  # the spread a plan forecasts with: the median of this many latest measurements' (one outlier is not the rule)
+)
+
+
 def known(h: Hypothesis, entries: list[history.Entry], *, quick: bool) -> replicates.Known | None:
-    """The hypothesis's latest fit measurement of this record in this mode, as the policy reads it."""
-    for entry in reversed(entries):
+    """The hypothesis's latest fit measurement of this record in this mode, as the policy reads it: its
+    estimate, and the median spread of its RECENT latest measurements (a run on a machine that was
+    slowed for a while, but not busy enough to be unfit, must not make it look undecidable for good)."""
+    fit = [
+        e
+        for e in entries
+        if history.attempt(e) is None
+        and e.result.hash == h.hash
+        and e.result.measured is not None
+        and e.run is not None
+        and e.run.quick == quick
+    ]
+    spreads = [found for e in fit[-RECENT:] if (found := _spread(e.result.measured)) is not None]
+    for entry in reversed(fit):
         r = entry.result
-        if history.attempt(entry) is not None or r.hash != h.hash or r.measured is None:
-            continue
-        if entry.run is None or entry.run.quick != quick:
-            continue
         spread = _spread(r.measured)
         if spread is None:
             return None
+        same_scale = sorted(s for s, log in spreads if log == spread[1])
+        if same_scale:
+            spread = (same_scale[len(same_scale) // 2], spread[1])
         counts = {}
         for x in r.executions:
             counts |= {n: v for n, v in x.params.items() if n in h.probe.samples and isinstance(v, int)}
@@ -220,7 +236,7 @@ def first_round(
     choices = _choices(hypotheses, the_plan, policy, entries, costs, setting)
     ex = _per_execution(the_plan, choices, costs, setting)
     overhead = RUN_S + (TEMPLATE_S * max(ex.have.values(), default=0) if setting.warm else 0.0)  # a template a round
-    ask = replicates.Ask(ex.wanted, ex.have, the_plan.needs, ex.seconds, {h: c.decides for h, c in choices.items()})
+    ask = replicates.Ask(ex.wanted, ex.have, the_plan.needs, ex.seconds, {h: c.odds for h, c in choices.items()})
     budget = None if not policy.budget_s else policy.budget_s - overhead  # --budget 0: measure the plan, add none
     counts, left_out, short = policy.fit(ask, budget)
     new_plan = setting.replan(ex.chosen)

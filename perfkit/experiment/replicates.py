@@ -39,6 +39,10 @@ DEFAULT_REPLICATES = {"quick": 3, "full": 5}
 MORE_LOOKS = 2  # times a run may add replicates to verdicts the first look left undecided
 FIRST_SHARE = 0.9  # of the 5% error rate, what the first look spends when the run may look again
 QUICK_BUDGET_S = 285.0  # --quick's default --budget: the whole run within 5 minutes, with 15 s to spare
+#: how likely a plan decides a hypothesis, as the budget weighs a decision: one decided last time far from
+#: its bound at the minimum, one whose forecast asks more (its interval straddled), a pilot of one never
+#: measured, one too close to its bound to decide at all
+ODDS = {"decided": 1.0, "forecast": 0.5, "pilot": 0.5, "on its bound": 0.0}
 MARGIN = 0.8  # a plan asks for an interval this share of the distance to the edge: the stored spread is itself noisy
 
 
@@ -50,7 +54,72 @@ class Ask:
     have: dict[str, int]  # the fewest planned (or already measured by an earlier run)
     needs: dict[str, tuple[str, ...]]  # hypothesis id -> the execution keys it reads
     seconds: dict[str, float]  # a replicate of each, forecast (0: reused)
-    decides: dict[str, bool]  # hypothesis id -> its forecast says the plan decides it
+    decides: dict[str, float]  # hypothesis id -> the odds the plan decides it (Choice.odds)
+
+
+class _Round:
+    """A first round being fitted in a budget (`Policy.fit`): what is kept, left out, and what it costs."""
+
+    def __init__(self, ask: Ask, budget_s: float):
+        self.ask, self.budget_s = ask, budget_s
+        self.counts = dict(ask.have)
+        self.kept = dict(ask.needs)
+        self.left_out: dict[str, float] = {}
+
+    def total(self) -> float:
+        return sum(n * self.ask.seconds[k] for k, n in self.counts.items())
+
+    def drop(self, dropped: str) -> None:
+        """Leave out an execution, every hypothesis that reads it, and what only they read."""
+        ask = self.ask
+        for hid in [h for h, keys in self.kept.items() if dropped in keys]:
+            self.left_out[hid] = sum(ask.have[k] * ask.seconds[k] for k in ask.needs[hid])
+            del self.kept[hid]
+        for k in list(self.counts):
+            if self.counts[k] and not any(k in keys for keys in self.kept.values()):
+                self.counts[k] = 0
+
+    def worth(self, k: str) -> tuple[float, float]:
+        """(decisions per second of what deciding costs, minus seconds): the first to leave out sorts first.
+        A decision whose replicates alone would not fit in the budget counts for none."""
+        ask = self.ask
+        spend = ask.wanted[k] * ask.seconds[k]
+        decisions = sum(ask.decides.get(h, 0.0) for h, keys in self.kept.items() if k in keys)
+        return (decisions if spend <= self.budget_s else 0) / max(spend, 1e-9), -self.counts[k] * ask.seconds[k]
+
+    def deciding(self) -> float:
+        """The minimum of every execution kept, and what deciding asks where it can decide."""
+        ask = self.ask
+        return sum((ask.wanted[k] if self.worth(k)[0] > 0 else n) * ask.seconds[k] for k, n in self.counts.items())
+
+    def leave_out_what_decides_nothing(self) -> None:
+        """While the round and its growth do not fit: executions none of whose readers decide, dearest first."""
+        seconds = self.ask.seconds
+        for k in sorted(self.counts, key=lambda k: (-self.counts[k] * seconds[k], k)):
+            if self.deciding() <= self.budget_s:
+                return
+            if self.counts[k] and seconds[k] > 0 and self.worth(k)[0] == 0:
+                self.drop(k)
+
+    def leave_out_until_the_minimum_fits(self) -> None:
+        """While the minimum does not fit: the fewest decisions per second first."""
+        seconds = self.ask.seconds
+        while self.total() > self.budget_s and self.kept:
+            live = {k for keys in self.kept.values() for k in keys if self.counts[k] and seconds[k] > 0}
+            if not live:
+                return
+            self.drop(min(live, key=lambda k: (*self.worth(k), k)))
+
+    def take_back_what_fits(self) -> None:
+        """What was left out early and fits once dearer ones left: measured after all, cheapest first."""
+        ask = self.ask
+        for hid in sorted(self.left_out, key=lambda h: (self.left_out[h], h)):
+            more = sum(ask.have[k] * ask.seconds[k] for k in ask.needs[hid] if not self.counts[k])
+            if self.total() + more <= self.budget_s:
+                self.kept[hid] = ask.needs[hid]
+                for k in ask.needs[hid]:
+                    self.counts[k] = ask.have[k]
+                del self.left_out[hid]
 
 
 @dataclass(frozen=True)
@@ -88,56 +157,25 @@ class Policy:
         the seconds their minimum would have needed, hypotheses measured at the minimum for want of the
         seconds their forecast asked for).
 
-        The minimum (`ask.have`) of every execution is measured if it fits. When it does not, executions are
-        left out whole, with every hypothesis that reads them, fewest decisions per second first: those none
-        of whose readers the forecast says would decide, the dearest of them first, then the rest by the
-        decisions they bring for their seconds. What is left pays for the replicates the forecasts ask
-        for, the cheapest decision first (`afford`).
+        The minimum (`ask.have`) of every execution is measured if it fits, and what the forecasts ask
+        beyond it where they say it decides. When that does not fit, executions none of whose readers
+        would decide are left out first, the dearest first; when the minimum still does not fit, the rest
+        by the fewest decisions per second, executions left out whole with every hypothesis that reads
+        them. One left out early comes back if it fits once a dearer one left. What is left pays for the
+        replicates the forecasts ask for, the cheapest decision first (`afford`).
         """
         if budget_s is None:
             return dict(ask.wanted), {}, {}
-        wanted, have, needs, seconds, decides = ask.wanted, ask.have, ask.needs, ask.seconds, ask.decides
-        counts = dict(have)
-        kept = dict(needs)
-        left_out: dict[str, float] = {}
-
-        def total() -> float:
-            return sum(n * seconds[k] for k, n in counts.items())
-
-        def worth(k: str) -> tuple[float, float]:
-            """(decisions per second of what deciding costs, minus seconds): the first to leave out sorts
-            first. A decision whose replicates alone would not fit in the budget counts for none."""
-            spend = wanted[k] * seconds[k]
-            decisions = sum(1 for h, keys in kept.items() if k in keys and decides.get(h, False))
-            return (decisions if spend <= budget_s else 0) / max(spend, 1e-9), -counts[k] * seconds[k]
-
-        while total() > budget_s and kept:
-            live = sorted(
-                {k for keys in kept.values() for k in keys if counts[k] and seconds[k] > 0},
-                key=lambda k: (*worth(k), k),
-            )
-            if not live:
-                break
-            dropped = live[0]
-            for hid in [h for h, keys in kept.items() if dropped in keys]:
-                left_out[hid] = sum(have[k] * seconds[k] for k in needs[hid])
-                del kept[hid]
-            for k in list(counts):
-                if counts[k] and not any(k in keys for keys in kept.values()):
-                    counts[k] = 0
-        for hid in sorted(left_out, key=lambda h: (left_out[h], h)):  # what fits again once dearer ones left
-            more = sum(have[k] * seconds[k] for k in needs[hid] if not counts[k])
-            if total() + more <= budget_s:
-                kept[hid] = needs[hid]
-                for k in needs[hid]:
-                    counts[k] = have[k]
-                del left_out[hid]
-        if not kept:
-            return counts, left_out, {}
-        live = {k for keys in kept.values() for k in keys}
-        grown = {k: (wanted[k] if k in live else counts[k]) for k in counts}
-        afforded, short = self.afford(grown, counts, kept, seconds, budget_s - total())
-        return afforded, left_out, short
+        round_ = _Round(ask, budget_s)
+        round_.leave_out_what_decides_nothing()
+        round_.leave_out_until_the_minimum_fits()
+        round_.take_back_what_fits()
+        if not round_.kept:
+            return round_.counts, round_.left_out, {}
+        live = {k for keys in round_.kept.values() for k in keys}
+        grown = {k: (ask.wanted[k] if k in live else n) for k, n in round_.counts.items()}
+        afforded, short = self.afford(grown, round_.counts, round_.kept, ask.seconds, budget_s - round_.total())
+        return afforded, round_.left_out, short
 
     def afford(
         self,
@@ -284,6 +322,7 @@ class Choice:
     seconds: float  # its executions' replicates, in all
     why: str
     decides: bool  # the forecast says this decides it (False: a pilot, or too close to its bound)
+    odds: float = 0.0  # how likely the plan decides it, as the budget weighs it (ODDS)
 
 
 def edges_to_clear(value: float, edges: tuple[float | None, float | None]) -> list[float]:
@@ -379,6 +418,7 @@ def choose(
             seconds(cheapest, policy.first),
             f"{shown} sits too close to {edge} to decide within {policy.most} replicates; the minimum",
             False,
+            ODDS["on its bound"],
         )
     cost, r, counts = best
     if known.verdict in (Verdict.CONFIRMED.value, Verdict.REFUTED.value):
@@ -386,4 +426,7 @@ def choose(
     else:
         edge = ", ".join(units.format_number(e) for e in edges_to_clear(known.value, known.edges))
         why = f"last interval straddled {edge} ({shown} measured at {known.replicates})"
-    return Choice(r, counts, cost, why, True)
+    decided = known.verdict in (Verdict.CONFIRMED.value, Verdict.REFUTED.value) and r <= max(
+        policy.first, known.replicates
+    )
+    return Choice(r, counts, cost, why, True, ODDS["decided" if decided else "forecast"])
