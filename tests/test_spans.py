@@ -10,7 +10,7 @@ import types
 import pytest
 
 from perfkit.phases import PHASES, STEP, UNATTRIBUTED
-from perfkit.probe import spans
+from perfkit.probe import proflines, spans
 
 
 @pytest.fixture
@@ -357,7 +357,7 @@ def test_a_report_resolves_only_events_already_complete(writes, monkeypatch):
 def test_the_rank_is_kept_once_seen_so_the_exit_summary_carries_it(writes, monkeypatch):
     """Why the exit summary had no rank: it ran after destroy_process_group, with no RANK set."""
     monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.setattr(spans, "_rank", None)
+    monkeypatch.setattr(proflines, "_rank", None)
     dist = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True, get_rank=lambda: 3)
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(distributed=dist))
     spans.set_log_every(2, stream=writes)
@@ -369,16 +369,16 @@ def test_the_rank_is_kept_once_seen_so_the_exit_summary_carries_it(writes, monke
     dist.is_initialized = lambda: False  # destroy_process_group()
     spans.flush()
     assert " rank=3] draft: n=2 " in writes.writes[-1]
-    monkeypatch.setattr(spans, "_rank", None)
-    assert spans.rank() is None
+    monkeypatch.setattr(proflines, "_rank", None)
+    assert proflines.rank() is None
     monkeypatch.setenv("RANK", "5")
-    assert spans.rank() == 5
+    assert proflines.rank() == 5
 
 
 SERVER = """
 import signal, sys
 {before}
-from perfkit.probe import spans
+from perfkit.probe import proflines, spans
 print(signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None), flush=True)
 for request in sys.stdin:  # never exits on its own
     for _ in range(int(request)):

@@ -40,10 +40,10 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 
 from perfkit.phases import PHASES, STEP, UNATTRIBUTED
 from perfkit.probe import logsources, proflines
+from perfkit.probe.proflines import SpanStats
 from perfkit.sketch import QuantileSketch
 
 __all__ = ["span", "timed", "capture", "enabled", "set_enabled", "set_log_every", "set_interval", "flush"]
@@ -88,43 +88,6 @@ def set_log_every(n: int, *, stream=None) -> None:
 
 
 # --- aggregates ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SpanStats:
-    """Aggregate of one span name, durations in seconds (p50 and p99 within 1% of the exact ones)."""
-
-    name: str
-    n: int
-    mean: float
-    p50: float
-    p99: float
-    last: float
-    total: float
-
-    def line(self) -> str:
-        """`[perfkit-prof pid=12 rank=0] name: n=.. mean=.. p50=.. p99=.. last=.. total=..`."""
-        return proflines.format_line(os.getpid(), rank(), self)
-
-
-_rank: int | None = None  # torch.distributed's rank once seen: kept after the process group is destroyed
-
-
-def rank() -> int | None:
-    """This process's rank: torch.distributed's (kept once seen), else $RANK, else None."""
-    global _rank
-    if _rank is not None:
-        return _rank
-    torch = sys.modules.get("torch")
-    dist = getattr(torch, "distributed", None) if torch is not None else None
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            _rank = int(dist.get_rank())
-            return _rank
-    except Exception:  # a half-initialised process group: fall back to the environment
-        pass
-    value = os.environ.get("RANK", "").strip()
-    return int(value) if value.isdigit() else None
 
 
 FOLD_EVERY = 256  # host durations kept raw before they are folded into the sketch: the memory stays constant
@@ -261,9 +224,6 @@ def set_interval(seconds: float | None) -> None:
     _reporter.set_interval(seconds)
 
 
-os.register_at_fork(after_in_child=lambda: globals().update(_rank=None))  # a forked child finds its own rank
-
-
 # --- CUDA detection ------------------------------------------------------------------------------
 
 
@@ -317,14 +277,6 @@ def _profiler_find(torch):
     # a torch without the check: never annotate, never crash
     _profiler_check = (torch, getattr(autograd, "_profiler_enabled", None) or (lambda: False))
     return _profiler_check[1]
-
-
-def _profiler_on() -> bool:
-    """Whether a torch.profiler (or autograd profiler) session is recording: one C call, or False."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    return (_profiler_check[1] if _profiler_check[0] is torch else _profiler_find(torch))()
 
 
 class _Span:
