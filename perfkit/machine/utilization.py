@@ -45,12 +45,18 @@ class _Tree:
     """CPU time and RSS of a process and its descendants, as deltas between two reads.
 
     Listing descendants scans every process on the machine, so it is redone only every
-    `rescan_s`; the known members are read on every sample.
+    `rescan_s`, but every YOUNG_RESCAN_S for the tree's first YOUNG_S seconds: a warm replicate's kernel is
+    forked and measuring within a second of its launch, and its CPU must not read as foreign load
+    until a rescan finds it. The known members are read on every sample.
     """
+
+    YOUNG_S = 5.0
+    YOUNG_RESCAN_S = 0.2
 
     def __init__(self, pid: int, *, rescan_s: float = 1.0):
         self.root = psutil.Process(pid)
         self.rescan_s = rescan_s
+        self.born = time.time()
         self.procs: dict[int, psutil.Process] = {}
         self.ever: set[int] = set()  # every pid the tree has had
         self.cpu_s: dict[int, float] = {}
@@ -59,7 +65,7 @@ class _Tree:
         self.scanned_before = float("-inf")  # the scan before the last: a process born since is new to us
 
     def _members(self, now: float) -> list[psutil.Process]:
-        if now - self.scanned_at >= self.rescan_s:
+        if now - self.scanned_at >= (self.rescan_s if now - self.born > self.YOUNG_S else self.YOUNG_RESCAN_S):
             self.scanned_before, self.scanned_at = self.scanned_at, now
             try:
                 found = [self.root] + self.root.children(recursive=True)
