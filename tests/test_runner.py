@@ -16,7 +16,8 @@ from records import run
 from perfkit.cli import main
 from perfkit.errors import UserError
 from perfkit.experiment import execute as executor
-from perfkit.experiment import profiling, results, rundir, runner, schedule
+from perfkit.experiment import priors, profiling, results, rundir, runner, schedule
+from perfkit.experiment import replicates as policy
 from perfkit.experiment.outputs import ledger
 from perfkit.paths import Project
 
@@ -717,6 +718,50 @@ def test_a_time_budget_bounds_the_whole_run_and_says_what_did_not_fit(tmp_path):
     none, _ = rerun(project, budget_s=0, **edge)
     (h,) = none.results.hypotheses
     assert len(h.executions) == 2 and h.measured.confidence == pytest.approx(0.95)
+
+
+def test_costs_from_a_slower_day_are_carried_to_today_and_what_they_left_out_is_measured_after_all(tmp_path):
+    """Costs stored on a day the machine was 30x slower would make the plan leave one of two hypotheses
+    out of a budget that holds only one. When that day's run timed the machine's pace (machine.pace), the
+    plan scales the costs to today's and measures both. When it did not, the plan leaves one out; the
+    round then runs at a small share of its forecast, so the run measures the one left out after all
+    (its forecast scaled by the round's pace), and says so."""
+    root = tmp_path / "p"
+    shutil.copytree(FIXTURES / "hypotheses", root / "hypotheses")
+    shutil.copytree(FIXTURES / "notebooks", root / "notebooks")
+    other = (root / "hypotheses" / "fx-cost-confirmed.yaml").read_text().replace("n: 1000", "n: 2000")
+    (root / "hypotheses" / "fx-cost-2000.yaml").write_text(
+        other.replace("id: fx-cost-confirmed", "id: fx-cost-2000").replace("value: 1", "value: 2")
+    )
+    project = Project(root)
+    both = {"ids": ["fx-cost-confirmed", "fx-cost-2000"], "force": True}
+    rerun(project, replicates=2, **both)
+    stored_dir = root / "hypotheses" / "ledger" / "results"
+    (stored,) = stored_dir.glob("*.json")
+    slow = json.loads(stored.read_text())
+    assert slow["pace_s"] > 0
+    for h in slow["hypotheses"]:
+        for x in h["executions"]:
+            x["wall_s"], x["setup_s"] = 30 * x["wall_s"], 30 * x["setup_s"]
+    per_replicate = max(x["wall_s"] for h in slow["hypotheses"] for x in h["executions"]) + priors.REPLICATE_S
+    first = policy.DEFAULT_REPLICATES["quick"]
+    # the run's own costs, a template per round, and the replicates of one hypothesis, not of both
+    budget = priors.RUN_S + first * priors.TEMPLATE_S + (first + 0.5) * per_replicate
+
+    def again(pace_then: float | None):
+        for later in set(stored_dir.glob("*.json")) - {stored}:
+            later.unlink()
+        stored.write_text(json.dumps({**slow, "pace_s": pace_then}))
+        report, lines = rerun(project, budget_s=budget, replicates=None, **both)
+        got = {h.id: h for h in report.results.hypotheses}
+        assert all(len(h.executions) == first and not (h.reason or "").startswith("not measured") for h in got.values())
+        assert {v for v, _ in verdicts(report).values()} == {"confirmed"}
+        return [line for line in lines if "not measured" in line], [line for line in lines if "after all" in line]
+
+    left_out, back = again(30 * slow["pace_s"])  # that day was timed: 30x slower
+    assert left_out == [] and back == []
+    left_out, back = again(None)  # a run from before runs timed the machine
+    assert len(left_out) == 1 and len(back) == 1 and back[0].startswith("[plan]    the first round took "), back
 
 
 def test_no_execution_starts_once_a_run_was_interrupted(tmp_path):

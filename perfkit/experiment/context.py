@@ -11,6 +11,7 @@ from typing import Any
 
 from perfkit.experiment.options import RunOptions
 from perfkit.experiment.plan import Plan
+from perfkit.experiment.priors import FirstRound
 from perfkit.experiment.replicates import Policy
 from perfkit.experiment.results import Execution
 from perfkit.experiment.rundir import RunDir
@@ -62,4 +63,5 @@ class RunContext:
     started: float = field(default_factory=time.monotonic)  # when the run began, for --budget
     out_of_time: dict[str, float] = field(default_factory=dict)  # hypothesis id -> seconds its growth needed
     left_out: dict[str, str] = field(default_factory=dict)  # hypothesis id -> why the budget left it unmeasured
+    first: FirstRound | None = None  # the first round as planned: what it left out, and its forecast
     looked: dict[str, list[int]] = field(default_factory=dict)  # hypothesis id -> its replicates at each look

@@ -22,6 +22,7 @@ from perfkit.experiment.hypothesis import Hypothesis
 from perfkit.experiment.plan import Plan
 from perfkit.experiment.results import Execution, HypothesisResult, RunResults
 from perfkit.experiment.verdict import NOT_MEASURED
+from perfkit.machine import pace
 
 FRESH_SETUP_S = 7.5  # what a fresh replicate cost outside its measuring cells, when an older record does not say
 WARM_SETUP_S = 1.0  # ... and a warm one (measured: 0.8-1.5 s for the shipped probes)
@@ -115,9 +116,12 @@ def _without(params: dict, names: set[str]) -> dict:
     return {k: v for k, v in params.items() if k not in names}
 
 
-def cost(x: Execution, entries: list[history.Entry], counted: set[str], *, warm: bool) -> replicates.Cost | None:
+def cost(
+    x: Execution, entries: list[history.Entry], counted: set[str], *, warm: bool, pace_s: float | None = None
+) -> replicates.Cost | None:
     """A replicate of planned execution `x`, as the latest measurement of the same probe and parameters
-    (sample counts aside) cost; its set-up as a warm or fresh process, whichever this run starts."""
+    (sample counts aside) cost; its set-up as a warm or fresh process, whichever this run starts; both
+    scaled by how much faster or slower the machine does fixed work now (`pace_s`) than it did then."""
     for entry in reversed(entries):
         if history.attempt(entry) is not None:
             continue
@@ -136,9 +140,10 @@ def cost(x: Execution, entries: list[history.Entry], counted: set[str], *, warm:
         was_warm = all(e.warm for e in same)
         setup = sum(setups) / len(setups)
         measure = max(0.0, sum(walls) / len(walls) - setup)
-        now = setup if was_warm == warm else (WARM_SETUP_S if warm else FRESH_SETUP_S)
+        faster = pace.scale(pace_s, entry.run.pace_s if entry.run is not None else None)
+        now = setup * faster if was_warm == warm else (WARM_SETUP_S if warm else FRESH_SETUP_S)
         counts = {n: v for n, v in same[0].params.items() if n in counted and isinstance(v, int)}
-        return replicates.Cost(setup_s=now, measure_s=measure, counts=counts)
+        return replicates.Cost(setup_s=now, measure_s=measure * faster, counts=counts)
     return None
 
 
@@ -151,6 +156,13 @@ class FirstRound:
     left_out: dict[str, str] = field(default_factory=dict)  # hypothesis id -> why it is not measured
     seconds: float = 0.0  # the forecast of the round's measuring
     short: dict[str, float] = field(default_factory=dict)  # measured at the minimum: the seconds its forecast wanted
+    #: what was left out, kept for the run to measure after all if the round ran faster than forecast: the
+    #: plan with every execution at its minimum, and each execution key's forecast seconds per replicate
+    whole: Plan | None = None
+    per_replicate_s: dict[str, float] = field(default_factory=dict)
+    overhead_s: float = 0.0  # the run's own forecast cost (templates, plots, ledger), beside `seconds`
+    template_s: float = 0.0  # of it, a warm template's start, once per round of replicates (0: none)
+    pace_s: float | None = None  # machine.pace as it was planned: the run's results record it
 
 
 @dataclass(frozen=True)
@@ -163,6 +175,7 @@ class Setting:
     reusable: Callable[[Execution], int]  # replicates earlier runs measured with this very key (0 with --force)
     replan: Callable[[dict[str, dict[str, int]]], Plan]  # the plan again, with sample counts per execution key
     choose_replicates: bool = True  # False: the command line said how many (--replicates): the plan keeps them
+    pace_s: float | None = None  # machine.pace now: a stored cost is scaled by it over its run's
 
 
 @dataclass
@@ -232,7 +245,7 @@ def first_round(
     """The first round the policy chooses from what the ledger knows, within the run's budget."""
     entries = history.history(all_results)
     counted = {n for h in hypotheses for n in h.probe.samples}
-    costs = {x.key: _cost_of(x, hypotheses, the_plan, entries, counted, setting.warm) for x in the_plan.executions}
+    costs = {x.key: _cost_of(x, hypotheses, the_plan, entries, counted, setting) for x in the_plan.executions}
     choices = _choices(hypotheses, the_plan, policy, entries, costs, setting)
     ex = _per_execution(the_plan, choices, costs, setting)
     overhead = RUN_S + (TEMPLATE_S * max(ex.have.values(), default=0) if setting.warm else 0.0)  # a template a round
@@ -244,13 +257,23 @@ def first_round(
         raise RuntimeError("the plan with the chosen sample counts has other executions than the first")
     old_of = {new.key: old.key for old, new in zip(the_plan.executions, new_plan.executions)}
     kept = [x for x in new_plan.executions if counts.get(old_of[x.key], 0) > 0]
+    whole = replace(new_plan, replicates={x.key: ex.have[old_of[x.key]] for x in new_plan.executions})
     new_plan = replace(
         new_plan,
         executions=tuple(kept),
         replicates={x.key: counts[old_of[x.key]] for x in kept},
         needs={hid: () if hid in left_out else keys for hid, keys in new_plan.needs.items()},
     )
-    out = FirstRound(new_plan, seconds=sum(counts[k] * ex.seconds[k] for k in counts if counts[k]), short=short)
+    out = FirstRound(
+        new_plan,
+        seconds=sum(counts[k] * ex.seconds[k] for k in counts if counts[k]),
+        short=short,
+        whole=whole if left_out else None,
+        per_replicate_s={x.key: ex.seconds[old_of[x.key]] for x in whole.executions},
+        overhead_s=overhead,
+        template_s=TEMPLATE_S if setting.warm else 0.0,
+        pace_s=setting.pace_s,
+    )
     out.lines = _lines(the_plan, choices, ex, counts, left_out, short)
     for hid, need in left_out.items():
         why = "" if choices[hid].decides else f" ({choices[hid].why})"
@@ -262,11 +285,11 @@ def first_round(
     return out
 
 
-def _cost_of(x: Execution, hypotheses, the_plan: Plan, entries, counted: set[str], warm: bool):
+def _cost_of(x: Execution, hypotheses, the_plan: Plan, entries, counted: set[str], setting: Setting):
     """A replicate's cost from the measurements of any hypothesis that reads the execution."""
     for h in hypotheses:
         if x.key in the_plan.needs[h.id]:
-            found = cost(x, entries.get(h.id, []), counted, warm=warm)
+            found = cost(x, entries.get(h.id, []), counted, warm=setting.warm, pace_s=setting.pace_s)
             if found is not None:
                 return found
     return None

@@ -280,6 +280,7 @@ class RunResults:
     hypotheses: tuple[HypothesisResult, ...] = field(default_factory=tuple)
     profile: str | None = None  # the profiler the run ran under (`--profile`), or None
     machine: str | None = None  # what it measured on, in words (CPU model, cores, GPUs)
+    pace_s: float | None = None  # machine.pace when it started: what a later run scales its costs by
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if k != "hypotheses"}
@@ -299,6 +300,7 @@ class RunResults:
             hypotheses=_unique(tuple(HypothesisResult.from_json(h) for h in r.children("hypotheses")), path),
             profile=r.get("profile", str, optional=True),
             machine=r.get("machine", str, optional=True),
+            pace_s=r.number("pace_s", optional=True, nan=False),
         )
 
 

@@ -27,7 +27,7 @@ from perfkit.experiment.plan import Basis, environment_key, plan, source_tree_ha
 from perfkit.experiment.results import RunResults, load_all_results
 from perfkit.experiment.verdict import Judgement, Verdict
 from perfkit.experiment.write import Written, say_verdicts, write
-from perfkit.machine import devices, snapshot
+from perfkit.machine import devices, pace, snapshot
 from perfkit.paths import Project
 
 __all__ = ["RunOptions", "RunReport", "run"]
@@ -103,7 +103,7 @@ def _start(
     now = why.Now(the_plan.notebooks, the_plan.code, source_hash, environment, options.profile)
     run_dir = rundir.new_run_dir(project)
     ctx = RunContext(project, options, run_dir, policy, the_plan, say, now, limits, client)
-    ctx.left_out = first.left_out
+    ctx.left_out, ctx.first = dict(first.left_out), first
     ctx.out_of_time.update(first.short)
     ctx.probes = run_dir.freeze_probes(the_plan.sources)  # what every replicate executes: the bytes the keys hashed
     recorded = options.recorded() | {"replicates": policy.first, "hypotheses": [h.id for h in hypotheses]}
@@ -144,6 +144,7 @@ def _first_round(
         reusable=reusable,
         replan=replan,
         choose_replicates=options.replicates is None,
+        pace_s=pace.pace_s(),  # how fast the machine is today, beside the days the stored costs were measured
     )
     return priors.first_round(hypotheses, the_plan, policy, load_all_results(project), setting)
 
@@ -194,9 +195,56 @@ def _within_budget(ctx: RunContext, grown: dict[str, int]) -> dict[str, int] | N
     return None if counts == ctx.plan.replicates else counts
 
 
+def _bring_back(ctx: RunContext) -> bool:
+    """Measure at their minimum, after all, the hypotheses the first round left out for want of time, as
+    many as the budget still holds once the round ran faster than forecast (its costs were measured on a
+    slower day, or before a change made the probes faster): each one's forecast scaled by the round's pace
+    (seconds it took per second forecast). True when executions were added to the plan."""
+    first, budget = ctx.first, ctx.policy.budget_s
+    if not budget or first is None or first.whole is None or not ctx.left_out:
+        return False
+    elapsed = time.monotonic() - ctx.started
+    forecast = first.seconds + first.overhead_s - priors.RUN_S  # the round's replicates and its templates
+    pace = elapsed / max(forecast, 1e-9)
+    left = budget - elapsed - priors.RUN_S / 2  # the plots and ledger to come
+    whole, planned = first.whole, dict(ctx.plan.replicates)
+
+    def cost(hid: str) -> float:
+        return pace * sum(whole.replicates[k] * first.per_replicate_s[k] for k in whole.needs[hid] if k not in planned)
+
+    back = []
+    for hid in sorted(ctx.left_out, key=lambda h: (cost(h), h)):
+        new = [k for k in whole.needs[hid] if k not in planned]
+        more = cost(hid)
+        if not back:  # the templates of the rounds the executions brought back add
+            more += pace * first.template_s * max((whole.replicates[k] for k in new), default=0)
+        if more > left:
+            continue
+        left -= more
+        back.append(hid)
+        planned.update({k: whole.replicates[k] for k in new})
+    if not back:
+        return False
+    for hid in back:
+        del ctx.left_out[hid]
+    ctx.say(
+        f"[plan]    the first round took {elapsed:.0f} s of the {forecast:.0f} s forecast: measuring after all "
+        f"{', '.join(back)} (at the fewest replicates)"
+    )
+    ctx.plan = replace(
+        ctx.plan,
+        executions=tuple(x for x in whole.executions if x.key in planned),
+        replicates={x.key: planned[x.key] for x in whole.executions if x.key in planned},
+        needs={**ctx.plan.needs, **{hid: whole.needs[hid] for hid in back}},
+    )
+    return True
+
+
 def measure_and_judge(ctx: RunContext, hypotheses: list[Hypothesis]) -> list[Judged]:
     """Execute, judge, and look again with more replicates while the policy says more would decide."""
     schedule.execute(ctx)
+    if _bring_back(ctx):
+        schedule.execute(ctx)
     items = judge_all(ctx, hypotheses)
     for look in range(1, ctx.policy.looks):
         grown = ctx.policy.grow(ctx.plan.replicates, ctx.plan.needs, {i.hypothesis.id: i.judgement for i in items})

@@ -88,6 +88,7 @@ def write(ctx: RunContext, judged: list[judging.Judged], *, git: dict, machine: 
             hypotheses=tuple(made),
             profile=options.profile,
             machine=machine,
+            pace_s=ctx.first.pace_s if ctx.first is not None else None,
         )
         path = None
         if fresh and options.ledger:
