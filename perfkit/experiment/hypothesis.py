@@ -33,6 +33,7 @@ The record, hypotheses/<id>.yaml:
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import re
@@ -98,6 +99,7 @@ class Probe:
     # sample-count parameters perfkit may set within [low, high] for the split of processes and samples
     # that decides soonest (replicates.py); no other parameter is ever changed
     samples: dict[str, tuple[int, int]] = field(default_factory=dict)
+    sample_defaults: dict[str, int] = field(default_factory=dict)  # the notebook's own value of each, where literal
 
 
 @dataclass(frozen=True)
@@ -213,6 +215,7 @@ def _check_probe(checker: Checker, raw: Any, project: Project, notebook_cache: d
         return None
     return Probe(
         samples=counts,
+        sample_defaults=_defaults(declared, counts),
         code=code,
         threads=threads,
         notebook=notebook,
@@ -258,6 +261,20 @@ def _check_samples(
             if isinstance(value, int) and not bounds[0] <= value <= bounds[1]:
                 checker.fail(where + (name,), f"probe.{key}.{name} is {value}, outside [{bounds[0]}, {bounds[1]}]")
         out[name] = (bounds[0], bounds[1])
+    return out
+
+
+def _defaults(declared: dict | None, names) -> dict[str, int]:
+    """The notebook's default of each sample-count parameter that has an integer literal one: the count a
+    replicate measured with when the record's params did not set it."""
+    out = {}
+    for name in names:
+        try:
+            value = ast.literal_eval(str((declared or {}).get(name, {}).get("default")))
+        except (ValueError, SyntaxError):
+            continue
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[name] = value
     return out
 
 

@@ -95,7 +95,7 @@ def known(h: Hypothesis, entries: list[history.Entry], *, quick: bool) -> replic
         same_scale = sorted(s for s, log in spreads if log == spread[1])
         if same_scale:
             spread = (same_scale[len(same_scale) // 2], spread[1])
-        counts = {}
+        counts = dict(h.probe.sample_defaults)
         for x in r.executions:
             counts |= {n: v for n, v in x.params.items() if n in h.probe.samples and isinstance(v, int)}
         return replicates.Known(
@@ -117,11 +117,18 @@ def _without(params: dict, names: set[str]) -> dict:
 
 
 def cost(
-    x: Execution, entries: list[history.Entry], counted: set[str], *, warm: bool, pace_s: float | None = None
+    x: Execution,
+    entries: list[history.Entry],
+    counted: set[str],
+    *,
+    warm: bool,
+    pace_s: float | None = None,
+    defaults: dict[str, int] | None = None,
 ) -> replicates.Cost | None:
     """A replicate of planned execution `x`, as the latest measurement of the same probe and parameters
     (sample counts aside) cost; its set-up as a warm or fresh process, whichever this run starts; both
-    scaled by how much faster or slower the machine does fixed work now (`pace_s`) than it did then."""
+    scaled by how much faster or slower the machine does fixed work now (`pace_s`) than it did then.
+    `defaults`: the notebook's sample counts, for those the stored parameters did not set."""
     for entry in reversed(entries):
         if history.attempt(entry) is not None:
             continue
@@ -142,7 +149,8 @@ def cost(
         measure = max(0.0, sum(walls) / len(walls) - setup)
         faster = pace.scale(pace_s, entry.run.pace_s if entry.run is not None else None)
         now = setup * faster if was_warm == warm else (WARM_SETUP_S if warm else FRESH_SETUP_S)
-        counts = {n: v for n, v in same[0].params.items() if n in counted and isinstance(v, int)}
+        params = {**(defaults or {}), **same[0].params}
+        counts = {n: v for n, v in params.items() if n in counted and isinstance(v, int)}
         return replicates.Cost(setup_s=now, measure_s=measure * faster, counts=counts)
     return None
 
@@ -196,7 +204,8 @@ def _choices(hypotheses, the_plan: Plan, policy, entries, costs, setting: Settin
     for hid, keys in the_plan.needs.items():
         h = by_id[hid]
         ranges = {n: r for n, r in h.probe.samples.items() if n not in setting.fixed}
-        given = {n: v for n, v in by_key[keys[0]].params.items() if n in ranges and isinstance(v, int)} if keys else {}
+        params = {**h.probe.sample_defaults, **by_key[keys[0]].params} if keys else {}
+        given = {n: v for n, v in params.items() if n in ranges and isinstance(v, int)}
         out[hid] = replicates.choose(
             policy,
             known(h, entries.get(hid, []), quick=setting.quick),
@@ -286,12 +295,14 @@ def first_round(
 
 
 def _cost_of(x: Execution, hypotheses, the_plan: Plan, entries, counted: set[str], setting: Setting):
-    """A replicate's cost from the measurements of any hypothesis that reads the execution."""
-    for h in hypotheses:
-        if x.key in the_plan.needs[h.id]:
-            found = cost(x, entries.get(h.id, []), counted, warm=setting.warm, pace_s=setting.pace_s)
-            if found is not None:
-                return found
+    """A replicate's cost from the measurements of any hypothesis that reads the execution (the notebook's
+    sample counts as every reader declares them)."""
+    readers = [h for h in hypotheses if x.key in the_plan.needs[h.id]]
+    defaults = {n: v for h in readers for n, v in h.probe.sample_defaults.items()}
+    for h in readers:
+        found = cost(x, entries.get(h.id, []), counted, warm=setting.warm, pace_s=setting.pace_s, defaults=defaults)
+        if found is not None:
+            return found
     return None
 
 
