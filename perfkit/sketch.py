@@ -60,9 +60,12 @@ class QuantileSketch:
         positive = data[data > 0]
         self.zeros += int(data.size - positive.size)
         if positive.size:
-            ks, counts = np.unique(np.ceil(np.log(positive) * self._inv_log_gamma).astype(np.int64), return_counts=True)
+            ks = np.ceil(np.log(positive) * self._inv_log_gamma).astype(np.int64)
+            low = int(ks.min())
+            counts = np.bincount(ks - low)  # buckets are dense over a span's range: counting beats sorting
+            found = np.flatnonzero(counts)
             buckets = self.buckets
-            for k, c in zip(ks.tolist(), counts.tolist()):
+            for k, c in zip((found + low).tolist(), counts[found].tolist()):
                 buckets[k] = buckets.get(k, 0) + c
 
     def quantile(self, q: float) -> float:

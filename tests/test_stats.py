@@ -264,3 +264,12 @@ def test_the_quantile_sketch_stays_within_its_relative_error_in_bounded_memory(n
     assert sk.n == len(values) and sk.total == pytest.approx(values.sum())
     assert sk.last == values[-1]
     assert len(sk.buckets) < 2_000  # memory: one counter per occupied log bucket, not per value
+    # the vectorized fold a span uses (its durations in batches, small and large) lands in the same buckets
+    batched = sketch.QuantileSketch(alpha=0.01)
+    for start, size in zip(range(0, len(values), 4096), [5, 4096, 63, 64, 4096] * 1000):
+        batched.add_many([float(v) for v in values[start : start + size]])
+    alone = sketch.QuantileSketch(alpha=0.01)
+    for start, size in zip(range(0, len(values), 4096), [5, 4096, 63, 64, 4096] * 1000):
+        for v in values[start : start + size]:
+            alone.add(float(v))
+    assert batched.buckets == alone.buckets and batched.zeros == alone.zeros and batched.n == alone.n
