@@ -39,12 +39,11 @@ import os
 import sys
 import threading
 import time
-from collections import deque
 
 from perfkit.phases import PHASES, STEP, UNATTRIBUTED
 from perfkit.probe import logsources, proflines
+from perfkit.probe.aggregate import FOLD_EVERY, Series
 from perfkit.probe.proflines import SpanStats
-from perfkit.sketch import QuantileSketch
 
 __all__ = ["span", "timed", "capture", "enabled", "set_enabled", "set_log_every", "set_interval", "flush"]
 __all__ += ["report", "stats", "reset", "Capture", "SpanStats"]
@@ -90,72 +89,14 @@ def set_log_every(n: int, *, stream=None) -> None:
 # --- aggregates ---------------------------------------------------------------------------------
 
 
-#: host durations kept raw before they are folded into the sketch (the memory stays constant, 4096 floats a
-#: name): a fold's fixed cost shared by more calls (about 50 ns a call at 4096, 160 at 256)
-FOLD_EVERY = 4096
+_series: dict[str, Series] = {}
 
 
-class _Series:
-    """The aggregate of one name (constant size), plus CUDA events still waiting on the device.
-
-    A host duration is appended to `host` (a deque: appends from any thread, drained from the left, lose
-    nothing) and folded into the sketch FOLD_EVERY at a time, in one vectorized pass: a span's own cost
-    is then two clock reads and an append, not a logarithm and a dictionary update per call."""
-
-    __slots__ = ("sketch", "pending", "calls", "logged_at", "host", "idle")
-
-    def __init__(self) -> None:
-        self.sketch = QuantileSketch()
-        self.pending: deque[tuple] = deque()  # (start_event, end_event, sinks), oldest first
-        self.host: deque[float] = deque()  # host durations not folded yet, oldest first
-        self.idle: list[_Span] = []  # span objects of this name not in use: reused rather than made anew
-        self.calls = 0
-        self.logged_at = 0
-
-    def fold(self) -> None:
-        """Fold the host durations taken so far into the sketch (hold `_lock`)."""
-        host = self.host
-        self.sketch.add_many([host.popleft() for _ in range(len(host))])
-
-    def stats(self, name: str) -> SpanStats | None:
-        """The aggregate, read consistently even while another thread adds to it (a report's thread)."""
-        self.fold()
-        k = self.sketch
-        for _ in range(1000):
-            n = k.n
-            counted = k.zeros + sum(k.buckets.values())  # an add() updates n first and its bucket last
-            total, last = k.total, k.last
-            p50, p99 = k.quantiles(0.5, 0.99)
-            if n == counted == k.n:
-                break
-            time.sleep(0)  # caught in the middle of an add(): let it finish
-        if not n:
-            return None
-        return SpanStats(name=name, n=n, mean=total / n, p50=p50, p99=p99, last=last, total=total)
-
-
-_series: dict[str, _Series] = {}
-
-
-def _series_for(name: str) -> _Series:
+def _series_for(name: str) -> Series:
     s = _series.get(name)
     if s is None:
-        s = _series[name] = _Series()
+        s = _series[name] = Series()
     return s
-
-
-def _resolve(series: _Series, *, wait: bool) -> None:
-    """Turn finished CUDA event pairs into durations, oldest first (all of them when `wait`); hold `_lock`."""
-    pending = series.pending
-    while pending:
-        if not wait and not pending[0][1].query():
-            break
-        start, end, sinks = pending.popleft()  # spans append on the right meanwhile: nothing is lost
-        end.synchronize()
-        seconds = start.elapsed_time(end) / 1e3
-        series.sketch.add(seconds)
-        for sink in sinks:
-            sink.set(seconds)
 
 
 def _lines(*, wait: bool) -> dict[str, SpanStats]:
@@ -164,7 +105,7 @@ def _lines(*, wait: bool) -> dict[str, SpanStats]:
         series = _series[name]
         with _lock:
             if series.pending:
-                _resolve(series, wait=wait)
+                series.resolve(wait=wait)
             st = series.stats(name)
         if st is not None:
             out[name] = st
@@ -288,7 +229,7 @@ class _Span:
 
     __slots__ = ("name", "series", "t0", "plain", "cuda", "start_event", "sinks", "annotation")
 
-    def __init__(self, name: str, series: _Series):
+    def __init__(self, name: str, series: Series):
         self.name = name
         self.series = series
 
@@ -377,7 +318,7 @@ class _Span:
         series.logged_at = series.calls
         with _lock:
             if series.pending:
-                _resolve(series, wait=False)
+                series.resolve(wait=False)
             st = series.stats(self.name)
         if st is not None:
             _write((st.line(),))
@@ -456,7 +397,7 @@ class Capture:
     def _finish(self) -> None:
         for series in list(_series.values()):
             with _lock:
-                _resolve(series, wait=True)
+                series.resolve(wait=True)
 
     def names(self) -> list[str]:
         return sorted(self._occurrences)
