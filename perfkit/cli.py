@@ -73,13 +73,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     dif.add_argument("--md", action="store_true", help="markdown for a pull-request comment, with plot thumbnails")
     dif.add_argument("--json", action="store_true", help="the changes as JSON")
+    from perfkit.experiment.compare import DEFAULT_FAIL_ON, FAIL_ON
+
     dif.add_argument(
         "--fail-on",
-        default=",".join(("refuted", "error", "not-reproduced")),
+        default=",".join(DEFAULT_FAIL_ON),
         metavar="KINDS",
-        help="exit 1 when any of these is present: flip, refuted, error, not-reproduced, added, removed, edited, "
-        "moved, or none (default: refuted,error,not-reproduced: a flip or new verdict to refuted or error, "
-        "a measurement not reproduced)",
+        help=f"exit 1 when any of these is present: {', '.join(FAIL_ON)}, or none (default: "
+        f"{','.join(DEFAULT_FAIL_ON)}; refuted and error: a flip or new verdict to it)",
     )
     dif.add_argument(
         "--plots-url", default="hypotheses/ledger/", metavar="URL", help="prefix of the plot paths in --md"
@@ -92,12 +93,13 @@ def _parser() -> argparse.ArgumentParser:
         "(e.g. https://github.com/OWNER/REPO/raw/BASE_SHA/hypotheses/ledger/)",
     )
     dif.add_argument("--junit", metavar="FILE", help="also write the changes as JUnit XML (a test case each) to FILE")
-    _review_commands(sub)
+    _review_commands(sub, options)
     return parser
 
 
-def _review_commands(sub) -> None:
-    """The commands that read what runs stored."""
+def _review_commands(sub, options) -> None:
+    """The commands that read what runs stored, and `check` and `bisect`, which measure as a run does
+    (their flags are `perfkit run`'s, declared once in options.py)."""
     jud = sub.add_parser("judge", help="verdicts from a probe notebook executed by hand (printed, never stored)")
     jud.add_argument("notebook", help="an executed notebook (papermill, nbconvert or a saved JupyterLab session)")
     jud.add_argument("--hypothesis", action="append", default=[], metavar="ID", help="judge against this one")
@@ -122,9 +124,7 @@ def _review_commands(sub) -> None:
         "1 it does not, 125 undecided (skip); nothing is written to the ledger",
     )
     chk.add_argument("id", help="the hypothesis")
-    chk.add_argument("--quick", action="store_true", help="use its probe's quick parameters")
-    chk.add_argument("--replicates", type=int, default=None, help="processes to start with")
-    chk.add_argument("--max-replicates", type=int, default=None, help="the most it may grow to while undecided")
+    options.add_arguments(chk, leave_out=("ids", "all"))  # it measures as `perfkit run ID` would
 
     bis = sub.add_parser(
         "bisect",
@@ -134,15 +134,8 @@ def _review_commands(sub) -> None:
     bis.add_argument("id", help="the hypothesis")
     bis.add_argument("--good", default=None, help="where it held (default: the ledger's last run that confirmed it)")
     bis.add_argument("--bad", default="HEAD", help="where it no longer holds (default: HEAD)")
-    bis.add_argument("--replicates", type=int, default=3, help="processes per commit to start with (default 3)")
-    bis.add_argument(
-        "--max-replicates", type=int, default=None, help="the most per commit while two cannot be told apart (4x)"
-    )
-    bis.add_argument("--quick", action="store_true", help="use its probe's quick parameters")
-    bis.add_argument(
-        "--jobs", type=int, default=1, help="replicates of a commit at once here; with --cluster, commits at once"
-    )
-    bis.add_argument("--cluster", default=None, help="measure on a Dask cluster (local:N or a scheduler address)")
+    flags = options.BISECT_FLAGS
+    options.add_arguments(bis, only=tuple(flags), helps={k: v for k, v in flags.items() if v})
     bis.add_argument(
         "--probe-from",
         choices=["tree", "commit"],
@@ -359,17 +352,10 @@ def _check(project, args, argv) -> int:
     "skip") when it cannot say: inconclusive, a busy machine, a probe that failed, or a record or
     probe that this commit does not have. The run's evidence is under runs/; the ledger is never
     written, so the work tree git bisect checks out stays as it was."""
+    from perfkit.experiment import options as run_options
     from perfkit.experiment import runner
-    from perfkit.experiment.options import RunOptions
 
-    options = RunOptions(
-        ids=(args.id,),
-        quick=args.quick,
-        replicates=args.replicates,
-        max_replicates=args.max_replicates,
-        command="perfkit " + shlex.join(argv),
-        ledger=False,
-    )
+    options = run_options.from_args(args, command="perfkit " + shlex.join(argv), ids=(args.id,), ledger=False)
     try:
         report = runner.run(project, options, out=lambda line: print(line, file=sys.stderr))
     except UserError as exc:
@@ -389,17 +375,7 @@ def _bisect(project, args) -> int:
     from perfkit.experiment.plots import write_plot
     from perfkit.files import dumps
 
-    options = bisection.BisectOptions(
-        id=args.id,
-        good=args.good,
-        bad=args.bad,
-        replicates=args.replicates,
-        max_replicates=args.max_replicates,
-        quick=args.quick,
-        jobs=args.jobs,
-        cluster=args.cluster,
-        probe_from=args.probe_from,
-    )
+    options = bisection.BisectOptions.from_args(args)
 
     def say(line: str) -> None:  # one write a line: commits measured at once speak from threads of their own
         sys.stderr.write(line + "\n")

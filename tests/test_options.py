@@ -121,3 +121,43 @@ def test_a_cluster_address_that_cannot_work_is_one_line_before_anything_starts(s
 def test_a_good_cluster_address_passes():
     for spec in ("local:1", "tcp://127.0.0.1:8786", "10.0.0.5:8786", "scheduler-0.svc:8786", "tcp://[::1]:8786"):
         RunOptions(all=True, cluster=spec).check()
+
+
+def _subcommand(name: str) -> argparse.ArgumentParser:
+    return _parser()._subparsers._group_actions[0].choices[name]
+
+
+def test_check_and_bisect_take_the_runs_flags_from_its_one_declaration():
+    """`perfkit check` measures as `perfkit run ID` does, so it takes every run flag but the selection;
+    `perfkit bisect` takes the measuring ones it means, with the help saying what they mean per commit.
+    Each flag's spelling, type and choices come from RunOptions, never written again."""
+    check = {a.dest: a for a in _subcommand("check")._actions}
+    for f in FLAGGED:
+        assert (f.name in check) == (f.name not in ("ids", "all")), f.name
+    args = _parser().parse_args(
+        ["check", "h1", "--quick", "--jobs", "2", "--budget", "30", "--threads", "1", "--param", "n=8"]
+    )
+    from perfkit.experiment.options import from_args
+
+    chosen = from_args(args, command="c", ids=(args.id,), ledger=False)
+    assert chosen == RunOptions(
+        ids=("h1",), quick=True, jobs=2, budget_s=30.0, threads=1, overrides={"n": 8}, command="c", ledger=False
+    )
+    bisect = {a.dest: a for a in _subcommand("bisect")._actions}
+    declared = {f.name: f for f in FLAGGED}
+    for name, help_there in options.BISECT_FLAGS.items():
+        assert bisect[name].option_strings == [declared[name].metadata["flag"]]
+        assert bisect[name].help == (help_there or declared[name].metadata["help"])
+    assert "--budget" not in {s for a in bisect.values() for s in a.option_strings}
+
+    from perfkit.experiment.bisection import BisectOptions
+
+    found = BisectOptions.from_args(_parser().parse_args(["bisect", "h1", "--jobs", "2", "--quick"]))
+    assert found == BisectOptions(id="h1", jobs=2, quick=True)  # what was not given keeps its default
+
+
+def test_diff_fail_on_help_names_every_kind_it_accepts():
+    from perfkit.experiment.compare import DEFAULT_FAIL_ON, FAIL_ON
+
+    fail_on = next(a for a in _subcommand("diff")._actions if a.dest == "fail_on")
+    assert all(kind in fail_on.help for kind in FAIL_ON) and fail_on.default == ",".join(DEFAULT_FAIL_ON)

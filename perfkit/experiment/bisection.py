@@ -15,7 +15,7 @@ from __future__ import annotations
 import shlex
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,14 +24,14 @@ from perfkit.errors import UserError
 from perfkit.experiment import bisect, rundir, runner, worktrees
 from perfkit.experiment import cluster as remote
 from perfkit.experiment.hypothesis import MAX_REPLICATES, load_hypotheses
+from perfkit.experiment.options import BISECT_GROWTH as MORE
+from perfkit.experiment.options import BISECT_REPLICATES as DEFAULT_REPLICATES
 from perfkit.experiment.options import RunOptions, check_cluster
 from perfkit.experiment.results import load_all_results
 from perfkit.files import write_json
 from perfkit.paths import Project
 
 BISECT_VERSION = 1  # runs/bisect/<stamp>/bisect.json
-DEFAULT_REPLICATES = 3
-MORE = 4  # --max-replicates by default: this many times the first count
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,12 @@ class BisectOptions:
     jobs: int = 1
     cluster: str | None = None
     probe_from: str = "tree"  # "tree": the record and probe as they are now; "commit": each commit's own
+
+    @classmethod
+    def from_args(cls, args) -> BisectOptions:
+        """What `perfkit bisect`'s parser read: each field by its name, a flag not given keeping its default."""
+        given = {f.name: getattr(args, f.name) for f in fields(cls) if getattr(args, f.name, None) is not None}
+        return cls(**{k: v for k, v in given.items() if v is not False})
 
     @property
     def most(self) -> int:

@@ -18,8 +18,19 @@ import yaml
 from perfkit.errors import UserError
 from perfkit.experiment import profiling
 from perfkit.experiment.hypothesis import MAX_REPLICATES
+from perfkit.experiment.replicates import DEFAULT_REPLICATES, GROWTH, QUICK_BUDGET_S
 
 DEFAULT_TIMEOUT_S = 600.0
+BISECT_REPLICATES = 3  # a bisect's processes per commit to start with
+BISECT_GROWTH = 4  # a bisect's --max-replicates by default: this many times the first count
+#: `perfkit run`'s flags a bisect takes, and what those that mean something else there say
+BISECT_FLAGS = {
+    "quick": None,
+    "replicates": f"processes per commit to start with (default {BISECT_REPLICATES})",
+    "max_replicates": f"the most per commit while two cannot be told apart (default {BISECT_GROWTH}x --replicates)",
+    "jobs": "replicates of a commit at once here; with --cluster, commits at once",
+    "cluster": None,
+}
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -95,7 +106,11 @@ class RunOptions:
         parse=parse_overrides,
     )
     timeout_s: float = _flag(
-        DEFAULT_TIMEOUT_S, "--timeout", "wall-clock limit per probe execution (default 600 s)", type=float, metavar="S"
+        DEFAULT_TIMEOUT_S,
+        "--timeout",
+        f"wall-clock limit per probe execution (default {DEFAULT_TIMEOUT_S:g} s)",
+        type=float,
+        metavar="S",
     )
     force: bool = _flag(False, "--force", "re-execute probes even when a cached execution exists", action="store_true")
     cluster: str | None = _flag(
@@ -114,16 +129,16 @@ class RunOptions:
     replicates: int | None = _flag(
         None,
         "--replicates",
-        "independent kernel processes per probe execution (default 3 with --quick, else 5; "
-        "a record's probe.replicates can ask for more)",
+        f"independent kernel processes per probe execution (default {DEFAULT_REPLICATES['quick']} with --quick, "
+        f"else {DEFAULT_REPLICATES['full']}; a record's probe.replicates can ask for more)",
         type=int,
         metavar="R",
     )
     max_replicates: int | None = _flag(
         None,
         "--max-replicates",
-        "add replicates, up to R, to verdicts more replicates would likely decide (default 3x --replicates; "
-        "with --quick only within --budget); each look's interval is corrected for the looks the run may take",
+        f"add replicates, up to R, to verdicts more replicates would likely decide (default {GROWTH}x "
+        "--replicates; with --quick only within --budget); each look's level is the share of the 5% it spends",
         type=int,
         metavar="R",
     )
@@ -131,8 +146,8 @@ class RunOptions:
         None,
         "--budget",
         "wall-clock seconds the whole run's measuring may take, the first round included: it measures what "
-        "decides most verdicts per second and says what did not fit (default 285 with --quick, none otherwise; "
-        "0: the first round as planned, and no replicates added)",
+        f"decides most verdicts per second and says what did not fit (default {QUICK_BUDGET_S:g} with --quick, "
+        "none otherwise; 0: the first round as planned, and no replicates added)",
         type=float,
         metavar="SECONDS",
     )
@@ -191,27 +206,42 @@ class RunOptions:
         return {f.name: getattr(self, f.name) for f in fields(self) if "flag" in f.metadata}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`perfkit run`'s flags, from the fields of RunOptions."""
+def add_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    only: tuple[str, ...] | None = None,
+    leave_out: tuple[str, ...] = (),
+    helps: dict[str, str] | None = None,
+) -> None:
+    """`perfkit run`'s flags, from the fields of RunOptions: all of them, or the fields named in `only`,
+    less those in `leave_out`. Another command measuring the same way (`check`, `bisect`) declares its
+    flags from these; `helps` says what one of them means there, where that differs."""
     for f in fields(RunOptions):
-        if "flag" not in f.metadata:
+        if "flag" not in f.metadata or (only is not None and f.name not in only) or f.name in leave_out:
             continue
         given = {k: v for k, v in f.metadata["argparse"].items() if k != "parse"}
+        shown = (helps or {}).get(f.name, f.metadata["help"])
         if f.metadata["flag"].startswith("--"):
-            parser.add_argument(f.metadata["flag"], dest=f.name, default=None, help=f.metadata["help"], **given)
+            parser.add_argument(f.metadata["flag"], dest=f.name, default=None, help=shown, **given)
         else:
-            parser.add_argument(f.name, help=f.metadata["help"], **given)
+            parser.add_argument(f.name, help=shown, **given)
 
 
-def from_args(args: argparse.Namespace, *, command: str) -> RunOptions:
-    """The options `add_arguments` parsed (a flag not given keeps the field's default)."""
-    given: dict[str, Any] = {"command": command}
+def given(args: argparse.Namespace) -> dict[str, Any]:
+    """The RunOptions fields `add_arguments` parsed and the command line set, read back into field values."""
+    out: dict[str, Any] = {}
     for f in fields(RunOptions):
-        if "flag" not in f.metadata:
+        if "flag" not in f.metadata or not hasattr(args, f.name):
             continue
         value = getattr(args, f.name)
         if value is None or value is False:
             continue
         parse = f.metadata["argparse"].get("parse")
-        given[f.name] = parse(value) if parse else tuple(value) if isinstance(value, list) else value
-    return RunOptions(**given)
+        out[f.name] = parse(value) if parse else tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def from_args(args: argparse.Namespace, *, command: str, **fixed: Any) -> RunOptions:
+    """The options `add_arguments` parsed (a flag not given keeps the field's default); `fixed`: fields the
+    command sets itself (`check`'s one hypothesis, no ledger)."""
+    return RunOptions(**{**given(args), **fixed, "command": command})

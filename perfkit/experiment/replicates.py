@@ -36,6 +36,7 @@ from perfkit.experiment.verdict import UNFIT_REASON, Judgement, Verdict
 
 #: independent kernel processes per execution when neither the command nor the record says
 DEFAULT_REPLICATES = {"quick": 3, "full": 5}
+GROWTH = 3  # --max-replicates by default: this many times the first count
 MORE_LOOKS = 2  # times a run may add replicates to verdicts the first look left undecided
 FIRST_SHARE = 0.9  # of the 5% error rate, what the first look spends when the run may look again
 QUICK_BUDGET_S = 285.0  # --quick's default --budget: the whole run within 5 minutes, with 15 s to spare
@@ -263,7 +264,7 @@ def policy(*, quick: bool, replicates: int | None, max_replicates: int | None, b
     """The run's policy from its options (`--quick`, `--replicates`, `--max-replicates`, `--budget`)."""
     first = replicates or DEFAULT_REPLICATES["quick" if quick else "full"]
     budget = QUICK_BUDGET_S if budget_s is None and quick else budget_s
-    most = first * 3 if max_replicates is None else max(max_replicates, first)
+    most = first * GROWTH if max_replicates is None else max(max_replicates, first)
     return Policy(first=first, most=most, budget_s=budget)
 
 
