@@ -6,6 +6,7 @@ what it is about. `run` starts a real `perfkit run` (perfkit.experiment.runner) 
 
 from __future__ import annotations
 
+import math
 import zlib
 from pathlib import Path
 from typing import Any
@@ -103,3 +104,26 @@ def run(project: Project, *, out=print, **options: Any):
 
     ids = tuple(options.pop("ids", ()))
     return runner.run(project, RunOptions(ids=ids, **options), out=out)
+
+
+# ---------------------------------------------------------------- simulated processes, of known truth
+
+
+def process(rng, mean, n=40, *, offset_sd=0.05, rho=0.6, df=4):
+    """One kernel process: an offset for the whole process, AR(1) drift and Student-t noise around it."""
+    noise = rng.standard_t(df, n) / math.sqrt(df / (df - 2))
+    drift = np.empty(n)
+    drift[0] = noise[0]
+    for i in range(1, n):
+        drift[i] = rho * drift[i - 1] + math.sqrt(1 - rho * rho) * noise[i]
+    return mean * (1 + rng.normal(0, offset_sd)) * (1 + 0.05 * drift)
+
+
+def replicates(rng, metrics: dict[str, float], r: int, **shape) -> list[Execution]:
+    return [
+        execution(
+            *(MetricRecord(name=n, unit="ms", samples=tuple(process(rng, m, **shape))) for n, m in metrics.items()),
+            replicate=i,
+        )
+        for i in range(r)
+    ]

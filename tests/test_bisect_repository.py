@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_own_repository import add_probe, own_repository, perfkit, sh
+from repos import add_probe, own_repository, perfkit, sh
 
 HID = "ownlib-work-under-8ms"
 #: a replicate is unfit only when other load exceeds every core: the probe sleeps, load cannot move it

@@ -6,15 +6,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from repos import git
 
 from perfkit.errors import UserError
 from perfkit.experiment import code, config
 from perfkit.experiment.kernel import on_path, project_root
 from perfkit.paths import Project
-
-
-def git(root: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout
 
 
 @pytest.fixture

@@ -2,13 +2,13 @@
 
 import json
 import shutil
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import records
 from records import of
+from repos import git
 
 from perfkit.cli import main
 from perfkit.experiment import compare as diff
@@ -24,10 +24,6 @@ def result(h, verdict, value, run_id, width=0.1):
 
 def store(project, run_id, entries):
     records.store(project, run_id, *entries)
-
-
-def git(root, *args):
-    return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
-from test_own_repository import ROOT, sh
+from repos import ROOT, sh
 
 NOT_FOR_REVIEW = {"torch", "jupyterlab", "distributed", "ipykernel", "psutil"}  # no kernel is started
 

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from records import execution, hypothesis, result
+from records import execution, hypothesis, process, replicates, result
 
 from perfkit import stats
 from perfkit.experiment import replicates as policy
@@ -15,26 +15,6 @@ from perfkit.experiment.kinds import expectation
 from perfkit.experiment.results import Execution
 from perfkit.experiment.verdict import Judgement, Verdict
 from perfkit.samples import MetricRecord
-
-
-def process(rng, mean, n=40, *, offset_sd=0.05, rho=0.6, df=4):
-    """One kernel process: an offset for the whole process, AR(1) drift and Student-t noise around it."""
-    noise = rng.standard_t(df, n) / math.sqrt(df / (df - 2))
-    drift = np.empty(n)
-    drift[0] = noise[0]
-    for i in range(1, n):
-        drift[i] = rho * drift[i - 1] + math.sqrt(1 - rho * rho) * noise[i]
-    return mean * (1 + rng.normal(0, offset_sd)) * (1 + 0.05 * drift)
-
-
-def replicates(rng, metrics: dict[str, float], r: int, **shape) -> list[Execution]:
-    return [
-        execution(
-            *(MetricRecord(name=n, unit="ms", samples=tuple(process(rng, m, **shape))) for n, m in metrics.items()),
-            replicate=i,
-        )
-        for i in range(r)
-    ]
 
 
 def tally(expect, draw, trials=300):

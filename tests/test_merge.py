@@ -1,24 +1,19 @@
 """Two pull requests that re-judged different hypotheses merge without a conflict in LEDGER.md."""
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import records
 from records import of
+from repos import ROOT, git, sh
 
 from perfkit.experiment.hypothesis import load_hypotheses
 from perfkit.experiment.outputs import ledger
 from perfkit.experiment.results import load_all_results
 from perfkit.paths import Project
 
-ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "project"
-
-
-def git(repo, *args, check=True):
-    return subprocess.run(["git", *args], cwd=repo, check=check, capture_output=True, text=True)
 
 
 def judged(project, run_id, verdicts):
@@ -50,7 +45,7 @@ def test_two_branches_rejudging_different_hypotheses_merge_cleanly(tmp_path):
     judged(project, "20250103-000001", {"fx-floor": ("refuted", 4.0)})
     git(repo, "add", ".")
     git(repo, "commit", "-qm", "two")
-    merged = git(repo, "merge", "-q", "--no-edit", "pr-one", check=False)
+    merged = sh(repo, "git", "merge", "-q", "--no-edit", "pr-one", check=False)
     assert merged.returncode == 0, merged.stdout + merged.stderr
     text = project.ledger_path.read_text()
     assert text == ledger.render(load_all_results(project))  # as if regenerated after the merge

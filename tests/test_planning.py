@@ -6,8 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from records import hypothesis
-from test_known_truth import replicates
+from records import hypothesis, replicates
 
 from perfkit import stats
 from perfkit.experiment import priors

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from repos import git
 
 from perfkit.experiment import plan, strip
 
@@ -20,10 +21,6 @@ def test_every_shipped_notebook_is_stored_clean():
     for path in notebooks:
         text = path.read_text(encoding="utf-8")
         assert strip.dumps(strip.strip(json.loads(text))) == text, path.name
-
-
-def git(repo, *args):
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
 
 
 def test_saving_after_run_all_leaves_git_diff_empty_and_the_cache_key_unchanged(tmp_path):
