@@ -1,4 +1,5 @@
-"""The one set of record builders the tests share: hypotheses, executions, metrics, results, runs.
+"""The one set of record builders the tests share: hypotheses, executions, metrics, results, runs, the
+fixture project, and processes simulated from a known truth.
 
 Each builder fills what a test does not care about with a fixed, valid value, so a test names only
 what it is about. `run` starts a real `perfkit run` (perfkit.experiment.runner) with RunOptions.
@@ -7,6 +8,7 @@ what it is about. `run` starts a real `perfkit run` (perfkit.experiment.runner) 
 from __future__ import annotations
 
 import math
+import shutil
 import zlib
 from pathlib import Path
 from typing import Any
@@ -95,6 +97,22 @@ def store(project: Project, run_id: str, *hypotheses: HypothesisResult, **fields
     stored = run_results(run_id, *hypotheses, **fields)
     results.write_results(project, stored)
     return stored
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "project"
+
+
+def fixture_project(root: Path, *ids: str) -> Project:
+    """The fixture project (tests/fixtures/project) at `root`: its notebooks and the hypothesis records
+    named (every one when none is)."""
+    shutil.copytree(FIXTURES / "notebooks", root / "notebooks")
+    if ids:
+        (root / "hypotheses").mkdir()
+        for hid in ids:
+            shutil.copy(FIXTURES / "hypotheses" / f"{hid}.yaml", root / "hypotheses")
+    else:
+        shutil.copytree(FIXTURES / "hypotheses", root / "hypotheses")
+    return Project(root)
 
 
 def run(project: Project, *, out=print, **options: Any):

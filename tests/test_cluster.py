@@ -1,28 +1,25 @@
 """Probe executions on a real Dask LocalCluster: the same verdicts, a lost worker, clear errors."""
 
 import json
-import shutil
 import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from records import run
+from records import fixture_project, run
 
 from perfkit.cli import main
 from perfkit.errors import UserError
 from perfkit.experiment import cluster, runner, schedule
 from perfkit.paths import Project
 
-FIXTURES = Path(__file__).parent / "fixtures" / "project"
 QUICK = ["fx-cost-confirmed", "fx-cost-refuted", "fx-raises", "fx-scaling", "fx-share", "fx-silent", "fx-speedup"]
 
 
 @pytest.fixture
 def project(tmp_path, monkeypatch) -> Project:
-    root = tmp_path / "project"
-    shutil.copytree(FIXTURES, root)
+    root = fixture_project(tmp_path / "project").root
     monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
     monkeypatch.setattr(
         schedule.fitness, "unfit", lambda trace, window=None, limits=None: None

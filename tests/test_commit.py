@@ -3,7 +3,6 @@
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import threading
@@ -12,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 import records
-from records import of
+from records import fixture_project, of
 
 from perfkit.cli import main
 from perfkit.experiment import commit, rundir, runner, schedule
@@ -21,16 +20,10 @@ from perfkit.experiment.outputs import ledger
 from perfkit.experiment.results import RunResults, load_all_results
 from perfkit.paths import Project
 
-FIXTURES = Path(__file__).parent / "fixtures" / "project"
-
 
 @pytest.fixture
 def project(tmp_path) -> Project:
-    (tmp_path / "hypotheses").mkdir()
-    shutil.copytree(FIXTURES / "notebooks", tmp_path / "notebooks")
-    for name in ("fx-cost-confirmed", "fx-share"):
-        shutil.copy(FIXTURES / "hypotheses" / f"{name}.yaml", tmp_path / "hypotheses")
-    return Project(tmp_path)
+    return fixture_project(tmp_path, "fx-cost-confirmed", "fx-share")
 
 
 def run_results(project, run_id, value) -> RunResults:

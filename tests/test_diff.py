@@ -1,21 +1,18 @@
 """`perfkit diff`: what a change did, flips first, moves only beyond the intervals, a CI gate."""
 
 import json
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import records
-from records import of
+from records import fixture_project, of
 from repos import git
 
 from perfkit.cli import main
 from perfkit.experiment import compare as diff
 from perfkit.experiment.hypothesis import load_hypotheses
 from perfkit.paths import Project
-
-FIXTURES = Path(__file__).parent / "fixtures" / "project"
 
 
 def result(h, verdict, value, run_id, width=0.1):
@@ -28,8 +25,7 @@ def store(project, run_id, entries):
 
 @pytest.fixture
 def project(tmp_path) -> Project:
-    root = tmp_path / "repo"
-    shutil.copytree(FIXTURES, root)
+    root = fixture_project(tmp_path / "repo").root
     git(root, "init", "-q", "-b", "main")
     git(root, "config", "user.email", "t@example.com")
     git(root, "config", "user.name", "t")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import records
-from records import of
+from records import fixture_project, of
 
 from perfkit.cli import main
 from perfkit.experiment import history, results
@@ -15,16 +15,10 @@ from perfkit.paths import Project
 
 ROOT = Path(__file__).resolve().parents[1]
 
-FIXTURES = Path(__file__).parent / "fixtures" / "project"
-
 
 @pytest.fixture
 def project(tmp_path) -> Project:
-    (tmp_path / "hypotheses").mkdir()
-    shutil.copytree(FIXTURES / "notebooks", tmp_path / "notebooks")
-    for name in ("fx-cost-confirmed", "fx-share"):
-        shutil.copy(FIXTURES / "hypotheses" / f"{name}.yaml", tmp_path / "hypotheses")
-    return Project(tmp_path)
+    return fixture_project(tmp_path, "fx-cost-confirmed", "fx-share")
 
 
 def result(h, verdict, value, run_id):
@@ -187,8 +181,8 @@ window.addEventListener('load', () => {
 def test_github_renders_every_plot_of_the_ledger_readable_and_the_standing_table_narrow(tmp_path):
     """The committed LEDGER.md through GitHub's renderer (cmark-gfm) and its stylesheet, in headless Chromium."""
     import cmarkgfm
+    from browser import browser_dom
     from cmarkgfm.cmark import Options
-    from test_report import browser_dom
 
     text = (ROOT / "hypotheses" / "LEDGER.md").read_text(encoding="utf-8")
     body = cmarkgfm.github_flavored_markdown_to_html(text, options=Options.CMARK_OPT_UNSAFE)  # GitHub keeps <img>

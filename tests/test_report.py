@@ -1,12 +1,11 @@
 """`perfkit report`: one static page, checked in a real headless browser (Debian's chromium)."""
 
-import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from browser import browser_dom
 
 from perfkit.cli import main
 from perfkit.experiment.outputs import report
@@ -14,7 +13,6 @@ from perfkit.experiment.results import load_all_results
 from perfkit.paths import Project
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
 @pytest.fixture
@@ -30,25 +28,6 @@ def test_the_report_is_the_same_bytes_for_the_same_results(project, tmp_path):
     page = report.write(project, tmp_path / "out", results, base=None)
     shipped = len(list((project.root / "hypotheses").glob("*.yaml")))  # every one has a standing verdict
     assert (tmp_path / "out" / "plots").is_dir() and page.read_text().count('<tr><td><a href="#') == shipped
-
-
-def browser_dom(page: Path, screenshot: Path | None = None) -> str:
-    if CHROMIUM is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must have chromium (.ci/run installs it)")
-        pytest.skip("no chromium here: `apt-get install chromium` to run the browser test")
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
-    if screenshot is not None:
-        subprocess.run(
-            [CHROMIUM, *flags, "--window-size=1280,900", f"--screenshot={screenshot}", page.as_uri()],
-            capture_output=True,
-            timeout=120,
-            check=True,
-        )
-    done = subprocess.run(
-        [CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120, check=True
-    )
-    return done.stdout
 
 
 def test_the_report_renders_its_table_and_every_image_in_a_real_browser(project, tmp_path, capsys):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from records import run
+from records import FIXTURES, fixture_project, run
 
 from perfkit.cli import main
 from perfkit.errors import UserError
@@ -21,7 +21,6 @@ from perfkit.experiment import replicates as policy
 from perfkit.experiment.outputs import ledger
 from perfkit.paths import Project
 
-FIXTURES = Path(__file__).parent / "fixtures" / "project"
 ROOT = Path(__file__).resolve().parents[1]
 OK = ["fx-cost-confirmed", "fx-cost-refuted", "fx-floor", "fx-scaling", "fx-share", "fx-speedup"]
 
@@ -29,8 +28,7 @@ OK = ["fx-cost-confirmed", "fx-cost-refuted", "fx-floor", "fx-scaling", "fx-shar
 @pytest.fixture(scope="module")
 def first(tmp_path_factory):
     root = tmp_path_factory.mktemp("project")
-    shutil.copytree(FIXTURES / "hypotheses", root / "hypotheses")
-    shutil.copytree(FIXTURES / "notebooks", root / "notebooks")
+    fixture_project(root)
     project = Project(root)
     lines: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
@@ -696,8 +694,7 @@ def test_a_time_budget_bounds_the_whole_run_and_says_what_did_not_fit(tmp_path):
     ledger keeps its standing verdict); with time to spare it adds replicates; --budget 0 measures the
     plan and adds none, judged at 95%."""
     root = tmp_path / "p"
-    shutil.copytree(FIXTURES / "hypotheses", root / "hypotheses")
-    shutil.copytree(FIXTURES / "notebooks", root / "notebooks")
+    fixture_project(root)
     project = Project(root)
     edge = {"ids": ["fx-cost-confirmed"], "overrides": {"n": 1950}, "replicates": 2, "force": True}
     tight, lines = rerun(project, budget_s=0.001, **edge)
@@ -727,8 +724,7 @@ def test_costs_from_a_slower_day_are_carried_to_today_and_what_they_left_out_is_
     round then runs at a small share of its forecast, so the run measures the one left out after all
     (its forecast scaled by the round's pace), and says so."""
     root = tmp_path / "p"
-    shutil.copytree(FIXTURES / "hypotheses", root / "hypotheses")
-    shutil.copytree(FIXTURES / "notebooks", root / "notebooks")
+    fixture_project(root)
     other = (root / "hypotheses" / "fx-cost-confirmed.yaml").read_text().replace("n: 1000", "n: 2000")
     (root / "hypotheses" / "fx-cost-2000.yaml").write_text(
         other.replace("id: fx-cost-confirmed", "id: fx-cost-2000").replace("value: 1", "value: 2")
