@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from perfkit.errors import UserError
-from perfkit.probe import logsources, proflines, recording
+from perfkit.probe import logsources, proflines, recording, reports
 from perfkit.probe.spans import SpanStats
 from perfkit.samples import decode_samples
 
@@ -248,27 +248,27 @@ def test_a_missing_or_failing_command_is_a_user_error_naming_it(fake, tmp_path, 
 
 
 def test_a_reporter_reports_every_interval_and_when_asked():
-    reports = []
+    ticks = []
     active = threading.Event()
     active.set()
-    reporter = logsources.Reporter(lambda: reports.append(time.monotonic()), active.is_set, 0.05)
+    reporter = reports.Reporter(lambda: ticks.append(time.monotonic()), active.is_set, 0.05)
     deadline = time.monotonic() + 5
-    while len(reports) < 3 and time.monotonic() < deadline:
+    while len(ticks) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert len(reports) >= 3
+    assert len(ticks) >= 3
     reporter.set_interval(None)
     time.sleep(0.1)
-    stopped = len(reports)
+    stopped = len(ticks)
     time.sleep(0.2)
-    assert len(reports) == stopped  # no interval: it waits to be asked
+    assert len(ticks) == stopped  # no interval: it waits to be asked
     reporter.ask()
-    while len(reports) == stopped and time.monotonic() < deadline:
+    while len(ticks) == stopped and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert len(reports) == stopped + 1
+    assert len(ticks) == stopped + 1
     active.clear()
     reporter.ask()
     time.sleep(0.1)
-    assert len(reports) == stopped + 1  # profiling off: nothing printed
+    assert len(ticks) == stopped + 1  # profiling off: nothing printed
     with pytest.raises(ValueError):
         reporter.set_interval(-1)
 

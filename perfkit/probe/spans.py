@@ -41,7 +41,7 @@ import threading
 import time
 
 from perfkit.phases import PHASES, STEP, UNATTRIBUTED
-from perfkit.probe import logsources, proflines
+from perfkit.probe import proflines, reports
 from perfkit.probe.aggregate import FOLD_EVERY, Series
 from perfkit.probe.proflines import SpanStats
 
@@ -155,9 +155,9 @@ def _flush_at_exit() -> None:
             print(f"{proflines.PREFIX}] summary at exit failed: {exc!r}", file=sys.stderr)
 
 
-# --- reports of a process that never exits (the thread: logsources.Reporter) ---------------------
+# --- reports of a process that never exits (the thread: reports.Reporter) ------------------------
 
-_reporter = logsources.Reporter(report, lambda: _enabled_by_env or _forced, logsources.seconds_env(_INTERVAL))
+_reporter = reports.Reporter(report, lambda: _enabled_by_env or _forced, reports.seconds_env(_INTERVAL))
 if _enabled_by_env:
     _reporter.install_signal()  # SIGUSR1: only in a process that asked for profiling by its environment
 
