@@ -37,6 +37,20 @@ def first(tmp_path_factory):
         # the suite shares the machine with other work
         mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
         report = run(project, all=True, quick=True, jobs=2, timeout_s=15, replicates=1, out=lines.append)
+    # what the ledger was right after the run, before any test of this module changes the project
+    AFTER_FIRST.update(check=main(["--root", str(root), "ledger", "--check"]), ledger=project.ledger_path.read_text())
+    return project, report, lines
+
+
+AFTER_FIRST: dict = {}  # `first` fills it
+
+
+@pytest.fixture(scope="module")
+def measured_once(tmp_path_factory):
+    """A project of its own whose hypotheses that end ok were measured once (as `first` measures them):
+    what a second run finds when nothing else touched the project, whatever ran before."""
+    project = fixture_project(tmp_path_factory.mktemp("once"))
+    report, lines = rerun(project, ids=OK, jobs=2)
     return project, report, lines
 
 
@@ -118,16 +132,15 @@ def test_utilization_trace_per_execution(first):
         assert (exec_dir / "utilization.json").is_file() and (exec_dir / "utilization.png").is_file()
 
 
-def test_ledger_check_passes_after_the_run(first, capsys):
-    project, _, _ = first
-    assert main(["--root", str(project.root), "ledger", "--check"]) == 0
-    text = project.ledger_path.read_text()
+def test_ledger_check_passes_after_the_run(first):
+    assert AFTER_FIRST["check"] == 0
+    text = AFTER_FIRST["ledger"]
     assert "| [`fx-cost-refuted`](#fx-cost-refuted) | ❌ refuted |" in text and "200x below the expected 0.2 s" in text
     assert "timed out after 15 s in cell 5" in text
 
 
-def test_second_run_reuses_every_execution_and_force_reexecutes(first):
-    project, report, _ = first
+def test_second_run_reuses_every_execution_and_force_reexecutes(measured_once):
+    project, report, _ = measured_once
     started = time.monotonic()
     again, lines = rerun(project, ids=OK, jobs=2)  # as the first run: the same thread count, the same key
     reused_wall = time.monotonic() - started
@@ -182,7 +195,7 @@ def test_editing_an_expectation_makes_it_stale_until_rejudged(first, capsys):
             ]
             != []
         )
-        report, _ = rerun(project, ids=["fx-cost-confirmed"])
+        report, _ = rerun(project, ids=["fx-cost-confirmed"], jobs=2)  # as `first` measured it: the same threads
         assert report.reused == 1 and verdicts(report)["fx-cost-confirmed"][0] == "refuted"
         assert ledger.check(project)[0] == []
     finally:
