@@ -9,6 +9,7 @@ import time
 from collections import namedtuple
 
 import fake_nvml
+import psutil
 import pytest
 
 from perfkit.machine import utilization
@@ -24,6 +25,7 @@ def _burn(seconds: float) -> None:
 
 
 def test_sampler_sees_this_process_working_then_idle():
+    alone = not psutil.Process().children(recursive=True)  # an earlier test's straggler would be in the tree
     s = Sampler(0.05).start()
     cpu0 = time.process_time()
     t0 = time.time()
@@ -40,7 +42,9 @@ def test_sampler_sees_this_process_working_then_idle():
     # what the trace says this process spent is what the OS says it spent (the sampler's own thread in
     # both), however much of a core a loaded machine gave the busy loop
     seen = sum(c / 100 * (b - a) for a, b, c in zip(t, t[1:], cpu[1:]))
-    assert 0.75 * spent < seen < 1.25 * spent + 0.02, (seen, spent)
+    assert seen > 0.75 * spent, (seen, spent)  # none of it missed
+    if alone:  # and nothing counted twice
+        assert seen < 1.25 * spent + 0.02, (seen, spent)
     busy = [c for ts, c in zip(t, cpu) if c is not None and t0 + 0.1 < ts <= t1]
     idle = [c for ts, c in zip(t, cpu) if c is not None and ts > t1 + 0.15]
     assert busy and idle
