@@ -47,9 +47,20 @@ class QuantileSketch:
 
     def add_many(self, values: list[float]) -> None:
         """`add` each of `values` in order, in one vectorized pass (a span's durations, folded in batches)."""
-        if len(values) < 64:  # numpy's fixed cost is more than a few scalar adds
+        if len(values) < 64:  # numpy's fixed cost is more than a few scalar adds: the loop of add(), inlined
+            inv, buckets, zeros, total = self._inv_log_gamma, self.buckets, 0, 0.0
             for x in values:
-                self.add(x)
+                total += x
+                if x > 0:
+                    k = _ceil(_log(x) * inv)
+                    buckets[k] = buckets.get(k, 0) + 1
+                else:
+                    zeros += 1
+            if values:
+                self.n += len(values)
+                self.total += total
+                self.zeros += zeros
+                self.last = values[-1]
             return
         import numpy as np
 
