@@ -273,7 +273,7 @@ def test_a_records_payload_of_another_format_or_shape_is_refused(payload, words)
     import nbformat
 
     from perfkit.errors import RecordError
-    from perfkit.experiment.execute import records_in
+    from perfkit.experiment.executed import records_in
     from perfkit.samples import MIMETYPE
 
     cell = nbformat.v4.new_code_cell("perfkit.record(...)")

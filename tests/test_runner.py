@@ -16,7 +16,7 @@ from records import FIXTURES, fixture_project, run
 from perfkit.cli import main
 from perfkit.errors import UserError
 from perfkit.experiment import execute as executor
-from perfkit.experiment import priors, profiling, results, rundir, runner, schedule
+from perfkit.experiment import executed, priors, profiling, results, rundir, runner, schedule
 from perfkit.experiment import replicates as policy
 from perfkit.experiment.outputs import ledger
 from perfkit.paths import Project
@@ -636,7 +636,7 @@ def test_a_notebook_executed_by_hand_with_papermill_gets_the_runs_verdicts(first
     busy = tmp_path / "busy"
     shutil.copytree(ran, busy)
     trace = json.loads((busy / "utilization.json").read_text())
-    cells = executor.cell_times(executor.read_notebook(busy / "executed.ipynb"))
+    cells = executed.cell_times(executed.read_notebook(busy / "executed.ipynb"))
     start, end = min(c[1] for c in cells), max(c[2] for c in cells)  # this probe's cells take a blink:
     trace["t"] = [start + (end - start) * i / 40 for i in range(41)]  # samples inside them, dense
     trace["interval_s"] = (end - start) / 40

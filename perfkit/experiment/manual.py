@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.errors import UserError
-from perfkit.experiment.execute import read_notebook, records_in
+from perfkit.experiment.executed import read_notebook, records_in
 from perfkit.experiment.hypothesis import Hypothesis, load_hypotheses
 from perfkit.experiment.judging import judge
 from perfkit.experiment.notebooks import notebook_parameters
@@ -61,7 +61,7 @@ def fitness_of(project: Project, path: Path, nb) -> tuple[str, str | None]:
     import json
 
     from perfkit.experiment import config
-    from perfkit.experiment.execute import cell_times
+    from perfkit.experiment.executed import cell_times
     from perfkit.machine import fitness
 
     beside = path.parent / "utilization.json"

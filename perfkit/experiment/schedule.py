@@ -24,7 +24,7 @@ from pathlib import Path
 
 from perfkit.experiment import cluster as remote
 from perfkit.experiment import execute as executor
-from perfkit.experiment import profiling, why
+from perfkit.experiment import executed, profiling, why
 from perfkit.experiment import warm as warm_replicates
 from perfkit.experiment.context import RunContext
 from perfkit.experiment.plan import REPLICATE_PARAM
@@ -159,9 +159,9 @@ def heartbeat(ctx: RunContext, tag: str, planned: Execution, exec_dir: Path, eve
 
 def _running_cell(path: Path) -> str:
     """', in cell 4 (`first line`)' from the notebook papermill is writing ('' until it has started one)."""
-    nb = executor.read_notebook(path)  # None when half-written or not there yet: nothing to say this time
-    found = executor.last_started_cell(nb) if nb is not None else None
-    return f", in {executor.cell_words(*found)}" if found else ""
+    nb = executed.read_notebook(path)  # None when half-written or not there yet: nothing to say this time
+    found = executed.last_started_cell(nb) if nb is not None else None
+    return f", in {executed.cell_words(*found)}" if found else ""
 
 
 def _time_left(ctx: RunContext) -> str:
