@@ -9,6 +9,8 @@ from pathlib import Path
 
 import nbformat
 
+from perfkit.experiment.scaffold import probe_notebook
+
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = """id: ownlib-work-under-8ms
 claim: ownlib.work() takes under 8 ms a call.
@@ -47,13 +49,7 @@ def own_repository(path: Path, delay_s: float) -> Path:
 
 def add_probe(repo: Path) -> None:
     (repo / "hypotheses" / "ownlib-work-under-8ms.yaml").write_text(RECORD)
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_code_cell(PARAMETERS, metadata={"tags": ["parameters"]}),
-        nbformat.v4.new_code_cell(PROBE),
-    ]
-    nb.metadata["kernelspec"] = {"name": "perfkit", "display_name": "perfkit", "language": "python"}
-    nbformat.write(nb, str(repo / "notebooks" / "ownlib_probe.ipynb"))
+    nbformat.write(probe_notebook(PARAMETERS, PROBE), str(repo / "notebooks" / "ownlib_probe.ipynb"))
 
 
 def perfkit(repo: Path, env: dict, *args: str, check: bool = True) -> subprocess.CompletedProcess:

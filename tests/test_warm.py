@@ -12,6 +12,7 @@ import pytest
 from records import run
 
 from perfkit.experiment import runner, schedule, warm
+from perfkit.experiment.scaffold import probe_notebook
 from perfkit.paths import Project
 
 PROBE = """import os, sys, threading
@@ -50,12 +51,7 @@ probe:
 def _project(root: Path) -> Project:
     (root / "hypotheses").mkdir(parents=True)
     (root / "notebooks").mkdir()
-    nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell("n: int = 1  # which execution")
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, nbformat.v4.new_code_cell(PROBE)]
-    nb.metadata["kernelspec"] = {"name": "perfkit", "display_name": "perfkit", "language": "python"}
-    nbformat.write(nb, str(root / "notebooks" / "identity.ipynb"))
+    nbformat.write(probe_notebook("n: int = 1  # which execution", PROBE), str(root / "notebooks" / "identity.ipynb"))
     for i in (1, 2):
         (root / "hypotheses" / f"identity-{i}.yaml").write_text(HYPOTHESIS.format(id=f"identity-{i}", n=i))
     return Project(root)

@@ -37,16 +37,12 @@ probe: {notebook: costs.ipynb}
 def _project(root: Path):
     import nbformat
 
+    from perfkit.experiment.scaffold import probe_notebook
     from perfkit.paths import Project
 
     (root / "hypotheses").mkdir(parents=True)
     (root / "notebooks").mkdir()
-    nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell("replicate: int = 0")
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, nbformat.v4.new_code_cell(PROBE)]
-    nb.metadata["kernelspec"] = {"name": "perfkit", "display_name": "perfkit", "language": "python"}
-    nbformat.write(nb, str(root / "notebooks" / "costs.ipynb"))
+    nbformat.write(probe_notebook("replicate: int = 0", PROBE), str(root / "notebooks" / "costs.ipynb"))
     (root / "hypotheses" / "replicate-cost.yaml").write_text(HYPOTHESIS, encoding="utf-8")
     return Project(root)
 

@@ -49,10 +49,25 @@ fig.tight_layout()
 plt.show()"""
 
 
+def probe_notebook(parameters: str, *code: str, intro: str | None = None):
+    """A probe notebook on the `perfkit` kernel: an intro (markdown) if given, the cell tagged
+    `parameters`, then the code cells."""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    cells = [new_markdown_cell(intro)] if intro is not None else []
+    cells += [new_code_cell(parameters, metadata={"tags": ["parameters"]}), *(new_code_cell(c) for c in code)]
+    return new_notebook(
+        cells=cells,
+        metadata={
+            "kernelspec": {"name": "perfkit", "display_name": "perfkit (.venv)", "language": "python"},
+            "language_info": {"name": "python"},
+        },
+    )
+
+
 def new_probe(project: Project, name: str) -> str:
     """Write notebooks/NAME.ipynb; returns its path relative to the project. Never overwrites."""
     import nbformat
-    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
     if not NAME.match(name):
         raise UserError(f"probe name {name!r}: use lowercase letters, digits and underscores, starting with a letter")
@@ -60,22 +75,15 @@ def new_probe(project: Project, name: str) -> str:
     if path.exists():
         raise UserError(f"{project.relative(path)} already exists; pick another name or edit that notebook")
     metric = name
-    cells = [
-        new_markdown_cell(_INTRO.format(name=name, metric=metric)),
-        new_code_cell(_PARAMETERS, metadata={"tags": ["parameters"]}),
-        new_code_cell(_SETUP),
-        new_code_cell(_MEASURE.format(metric=metric)),
-        new_code_cell(_PLOT.format(metric=metric)),
-    ]
-    for i, cell in enumerate(cells):
-        cell["id"] = f"{name.replace('_', '-')}-{i}"
-    notebook = new_notebook(
-        cells=cells,
-        metadata={
-            "kernelspec": {"name": "perfkit", "display_name": "perfkit (.venv)", "language": "python"},
-            "language_info": {"name": "python"},
-        },
+    notebook = probe_notebook(
+        _PARAMETERS,
+        _SETUP,
+        _MEASURE.format(metric=metric),
+        _PLOT.format(metric=metric),
+        intro=_INTRO.format(name=name, metric=metric),
     )
+    for i, cell in enumerate(notebook.cells):
+        cell["id"] = f"{name.replace('_', '-')}-{i}"  # the same notebook for the same name
     nbformat.validate(notebook)
     write_atomic(path, nbformat.writes(notebook) + "\n")
     return project.relative(path)
