@@ -33,7 +33,6 @@ The record, hypotheses/<id>.yaml:
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import re
@@ -45,7 +44,7 @@ from perfkit import units
 from perfkit.errors import RecordError, UserError
 from perfkit.experiment.checker import MAX_RECORD_BYTES, Checker, Located, finite, is_number, shown, type_name
 from perfkit.experiment.kinds import KINDS, Expect, all_keys
-from perfkit.experiment.notebooks import check_parameter, notebook_parameters, recorded_units
+from perfkit.experiment.notebooks import check_parameter, literal_default, notebook_parameters, recorded_units
 from perfkit.paths import Project, find_project
 
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,119}\Z")  # at most 120: <id>.png and its temporary names fit a file name
@@ -269,10 +268,7 @@ def _defaults(declared: dict | None, names) -> dict[str, int]:
     replicate measured with when the record's params did not set it."""
     out = {}
     for name in names:
-        try:
-            value = ast.literal_eval(str((declared or {}).get(name, {}).get("default")))
-        except (ValueError, SyntaxError):
-            continue
+        value = literal_default((declared or {}).get(name, {}).get("default"))
         if isinstance(value, int) and not isinstance(value, bool):
             out[name] = value
     return out

@@ -19,7 +19,7 @@ from perfkit.errors import UserError
 from perfkit.experiment.executed import read_notebook, records_in
 from perfkit.experiment.hypothesis import Hypothesis, load_hypotheses
 from perfkit.experiment.judging import judge
-from perfkit.experiment.notebooks import notebook_parameters
+from perfkit.experiment.notebooks import COMPUTED, literal_default, notebook_parameters
 from perfkit.experiment.results import Execution
 from perfkit.experiment.verdict import UNFIT_REASON, Judgement, Verdict
 from perfkit.paths import Project
@@ -44,15 +44,12 @@ def probe_name(nb, path: Path) -> str:
 
 def _parameters(nb, probe: Path) -> dict[str, Any]:
     """The parameters it ran with: the probe's defaults, overridden by those papermill says it injected."""
-    import ast
-
     declared = notebook_parameters(probe) if probe.is_file() else {}
     ran: dict[str, Any] = {}
     for name, description in (declared if isinstance(declared, dict) else {}).items():
-        try:
-            ran[name] = ast.literal_eval(description.get("default", ""))
-        except (ValueError, SyntaxError):
-            continue  # a default computed at run time: unknown here
+        value = literal_default(description.get("default"))
+        if value is not COMPUTED:  # a default computed at run time is unknown here
+            ran[name] = value
     return ran | dict(nb.metadata.get("papermill", {}).get("parameters") or {})
 
 

@@ -16,7 +16,7 @@ from perfkit import units
 from perfkit.experiment.checker import is_number, shown, type_name
 from perfkit.paths import format_literal
 
-__all__ = ["check_parameter", "notebook_parameters", "recorded_units"]
+__all__ = ["COMPUTED", "check_parameter", "literal_default", "notebook_parameters", "recorded_units"]
 
 
 def notebook_parameters(path: Path) -> dict[str, dict] | str:
@@ -67,16 +67,24 @@ def recorded_units(path: Path) -> dict[str, str]:
     return {m: next(iter(u)) for m, u in found.items() if len({units.dimension(x) for x in u}) == 1}
 
 
+COMPUTED = object()  # a default papermill cannot read as a literal: computed when the notebook runs
+
+
+def literal_default(text: str | None) -> Any:
+    """A declared parameter's default as a value (papermill reports its source text), or COMPUTED."""
+    try:
+        return ast.literal_eval(text) if text else COMPUTED
+    except (ValueError, SyntaxError):
+        return COMPUTED
+
+
 def _declared_type(description: dict) -> type | None:
     """The Python type a notebook parameter expects: its annotation, else its default's type."""
     annotated = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict}
     name = description.get("inferred_type_name")
     if name in annotated:
         return annotated[name]
-    try:
-        default = ast.literal_eval(description.get("default", ""))
-    except (ValueError, SyntaxError):
-        return None
+    default = literal_default(description.get("default"))
     return type(default) if type(default) in annotated.values() else None
 
 

@@ -14,7 +14,6 @@ file in notebooks/ again, which may have been edited since.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import os
@@ -27,7 +26,7 @@ from perfkit.errors import UserError
 from perfkit.experiment import served
 from perfkit.experiment.code import CodeState
 from perfkit.experiment.hypothesis import Hypothesis
-from perfkit.experiment.notebooks import check_parameter, notebook_parameters
+from perfkit.experiment.notebooks import COMPUTED, check_parameter, literal_default, notebook_parameters
 from perfkit.experiment.options import RunOptions
 from perfkit.experiment.results import Execution
 from perfkit.machine import fitness
@@ -208,10 +207,8 @@ def _value(declared: dict, point: dict[str, Any], name: str) -> Any:
     """A parameter's value at this point: given, else the notebook's default (papermill reports its source text)."""
     if name in point:
         return point[name]
-    try:
-        return ast.literal_eval(str(declared[name].get("default") or '""'))
-    except (ValueError, SyntaxError):
-        return None
+    value = literal_default(declared[name].get("default") or '""')
+    return None if value is COMPUTED else value
 
 
 @dataclass(frozen=True)
