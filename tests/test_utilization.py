@@ -29,9 +29,14 @@ def test_sampler_sees_this_process_working_then_idle():
     s = Sampler(0.05).start()
     cpu0 = time.process_time()
     t0 = time.time()
-    _burn(0.5)
+    # busy, then idle, each until the sampler has taken a few samples inside it: a loaded machine may not
+    # schedule the sampler's thread for a while, and a fixed half second would then see no busy sample
+    while sum(t0 + 0.1 < ts for ts in s.times()) < 4 and time.time() < t0 + 30:
+        _burn(0.1)
     t1 = time.time()
     time.sleep(0.4)
+    while sum(t1 + 0.15 < ts for ts in s.times()) < 3 and time.time() < t1 + 30:
+        time.sleep(0.1)
     spent = time.process_time() - cpu0
     trace = s.stop()
     json.dumps(trace)  # JSON-able as stored in the run

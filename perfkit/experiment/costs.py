@@ -55,8 +55,10 @@ def measure(rounds: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {k: [] for k in ("warm", "fresh", "warm_wall", "fresh_wall", "template")}
     with tempfile.TemporaryDirectory(prefix="perfkit-costs-") as tmp:
         project = _project(Path(tmp))
-        for _ in range(rounds):
-            for how in ("warm", "fresh"):  # alternating: drift on a busy machine hits both
+        for round_ in range(rounds):
+            # alternating, and which goes first too: drift on a busy machine, and the first run's cold file
+            # cache (torch read from disk), hit both ways alike
+            for how in ("warm", "fresh") if round_ % 2 == 0 else ("fresh", "warm"):
                 lines: list[str] = []
                 options = RunOptions(
                     ids=("replicate-cost",), quick=True, replicates=1, budget_s=0, force=True, ledger=False,
@@ -64,9 +66,10 @@ def measure(rounds: int) -> dict[str, list[float]]:
                 )  # fmt: skip
                 report = runner.run(project, options, out=lines.append)
                 for x in (x for h in report.results.hypotheses for x in h.executions):
-                    if x.setup_s is not None:
-                        out[how].append(x.setup_s)
-                        out[f"{how}_wall"].append(x.wall_s)
+                    if x.setup_s is not None:  # filed by what it was: a warm one that fell back ran fresh
+                        ran = "warm" if x.warm else "fresh"
+                        out[ran].append(x.setup_s)
+                        out[f"{ran}_wall"].append(x.wall_s)
                 for line in lines:
                     found = re.search(r"a template with \d+ modules imported in ([0-9.]+) s", line)
                     if found:

@@ -158,6 +158,7 @@ class Sampler:
         self._stop = threading.Event()
         self._trace: dict | None = None
         self._error: BaseException | None = None
+        self._times: list[float] = []
 
     # -- lifecycle --
 
@@ -179,6 +180,10 @@ class Sampler:
             raise RuntimeError(f"utilization sampler failed: {self._error!r}") from self._error
         return self._trace
 
+    def times(self) -> list[float]:
+        """The epoch seconds of the samples taken so far (a copy; safe to read while it runs)."""
+        return list(self._times)
+
     # -- the thread --
 
     def _run(self) -> None:
@@ -188,7 +193,7 @@ class Sampler:
             VERSION_KEY: FORMAT_VERSION,
             "interval_s": self.interval_s,
             "pid": self.pid,
-            "t": [],
+            "t": self._times,
             "cpu_percent": [],
             "system_cpu_percent": [],
             "rss_bytes": [],
