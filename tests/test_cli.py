@@ -109,3 +109,19 @@ def test_version_and_the_roofline_help_name_the_command_people_type(capsys):
         main(["roofline", "--help"])
     out = capsys.readouterr().out
     assert out.startswith("usage: perfkit roofline") and "comma-separated" in out
+
+
+def test_every_command_prints_its_help(capsys):
+    """Each sub-command's --help renders (argparse expands %-formats in help text: a stray `%` breaks it)."""
+    import argparse
+
+    from perfkit.cli import _parser
+
+    parser = _parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert {"run", "check", "bisect", "ledger", "validate"} <= set(commands)
+    for name, sub in commands.items():
+        sub.format_help()  # raises on a bad %-format, whatever the command does with --help
+    with pytest.raises(SystemExit) as done:
+        main(["run", "--help"])
+    assert done.value.code == 0 and "--budget" in capsys.readouterr().out

@@ -138,7 +138,7 @@ class RunOptions:
         None,
         "--max-replicates",
         f"add replicates, up to R, to verdicts more replicates would likely decide (default {GROWTH}x "
-        "--replicates; with --quick only within --budget); each look's level is the share of the 5% it spends",
+        "--replicates; with --quick only within --budget); each look's level is the share of the 5%% it spends",
         type=int,
         metavar="R",
     )
