@@ -193,3 +193,27 @@ def test_measure_records_how_busy_the_machine_was():
         burner.kill()
         burner.wait()
     assert m.busy is not None and m.busy > 0.15  # one busy core of this machine's cores
+
+
+def test_a_sampled_floor_runs_only_the_kernels_it_reads_as_many_times_as_it_has_samples(monkeypatch):
+    """roofline.Hardware.sampled pairs triad with matmul, one pair per sample: no copy kernel, no unpaired
+    calls (on the CPU they cost whole seconds in a replicate of a probe, for nothing)."""
+    from perfkit.machine import roofline
+
+    calls = []
+    real = bandwidth.bench
+
+    def counting(fn, *, warmup, repeat, sync):
+        calls.append(repeat)
+        return real(fn, warmup=warmup, repeat=repeat, sync=sync)
+
+    monkeypatch.setattr(bandwidth, "bench", counting)
+    monkeypatch.setattr(bandwidth, "_cpu_array_bytes", lambda: 4 * MIB)
+    floors = roofline.Hardware.sampled(device="cpu", repeat=4)
+    assert calls == [4, 4]  # triad, then matmul: four timed calls each
+    assert len(floors) == 4 and all(h.dram_bytes_per_s > 0 and h.peak_flops > 0 for h in floors)
+    assert [r.kernel for r in bandwidth.rates_on("cpu", array_bytes=4 * MIB, repeat=3, kernels=("matmul",))] == [
+        "matmul"
+    ]
+    with pytest.raises(ValueError, match="kernels must be some of"):
+        bandwidth.rates_on("cpu", kernels=("stream",))

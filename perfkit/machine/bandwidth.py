@@ -167,21 +167,22 @@ def _seconds(fn, device, *, warmup: int, repeat: int) -> list[float]:
     return bench(fn, warmup=warmup, repeat=repeat, sync="cuda" if device.type == "cuda" else "none")
 
 
-def _stream(torch, device: str, *, array_bytes: int, warmup: int, repeat: int) -> list[Rate]:
+def _stream(torch, device: str, *, array_bytes: int, warmup: int, repeat: int, copy: bool = True) -> list[Rate]:
+    """Copy (unless `copy` is False) and triad over arrays of `array_bytes` each."""
     n = array_bytes // 4
     dev = torch.device(device)
     a = torch.empty(n, dtype=torch.float32, device=dev)
     b = torch.full((n,), 1.0, dtype=torch.float32, device=dev)
     c = torch.full((n,), 2.0, dtype=torch.float32, device=dev)
-    copy_s = _seconds(lambda: a.copy_(b), dev, warmup=warmup, repeat=repeat)
+    copy_s = _seconds(lambda: a.copy_(b), dev, warmup=warmup, repeat=repeat) if copy else None
     triad_s = _seconds(lambda: torch.add(b, c, alpha=3.0, out=a), dev, warmup=warmup, repeat=repeat)
     if float(a[n // 2]) != 7.0:  # the triad really ran over the arrays
         raise RuntimeError(f"triad on {device} produced {float(a[n // 2])}, expected 7.0")
     nbytes = n * 4
-    return [
-        _rate("copy", device, "B/s", [2 * nbytes / s for s in copy_s], nbytes),
-        _rate("triad", device, "B/s", [3 * nbytes / s for s in triad_s], nbytes),
-    ]
+    triad = _rate("triad", device, "B/s", [3 * nbytes / s for s in triad_s], nbytes)
+    return (
+        [triad] if copy_s is None else [_rate("copy", device, "B/s", [2 * nbytes / s for s in copy_s], nbytes), triad]
+    )
 
 
 def _matmul(torch, device: str, *, side: int, warmup: int, repeat: int) -> Rate:
@@ -214,22 +215,50 @@ class _OtherWork:
         return round(min(1.0, max(0.0, others / elapsed)), 3) if elapsed > 0 else 0.0
 
 
-def rates_on(device: str, *, array_bytes: int | None = None, warmup: int = 2, repeat: int = 10) -> list[Rate]:
-    """Copy, triad and matmul on one device ("cpu" or "cuda:N"), now, in this process and its threads."""
+KERNELS = ("copy", "triad", "matmul")
+
+
+def rates_on(
+    device: str,
+    *,
+    array_bytes: int | None = None,
+    warmup: int = 2,
+    repeat: int = 10,
+    kernels: tuple[str, ...] = KERNELS,
+    matmul_repeat: int | None = None,
+) -> list[Rate]:
+    """Copy, triad and matmul (or those of `kernels`) on one device ("cpu" or "cuda:N"), now, in this
+    process and its threads. `repeat`: timed calls of each streaming kernel (x5 on a GPU); `matmul_repeat`:
+    of the matmul (default: half of `repeat`, at least 3, on the CPU; 2 x `repeat` on a GPU)."""
     import torch
 
+    unknown = set(kernels) - set(KERNELS)
+    if unknown or not kernels:
+        raise ValueError(f"kernels must be some of {KERNELS}, got {kernels}")
+    streaming = "copy" in kernels or "triad" in kernels
     if device == "cpu":
         size = array_bytes or _cpu_array_bytes()
-        rates = _stream(torch, "cpu", array_bytes=size, warmup=warmup, repeat=repeat)
-        return [*rates, _matmul(torch, "cpu", side=1024, warmup=1, repeat=max(3, repeat // 2))]
+        rates = (
+            _stream(torch, "cpu", array_bytes=size, warmup=warmup, repeat=repeat, copy="copy" in kernels)
+            if streaming
+            else []
+        )
+        if "matmul" in kernels:
+            rates.append(_matmul(torch, "cpu", side=1024, warmup=1, repeat=matmul_repeat or max(3, repeat // 2)))
+        return [r for r in rates if r.kernel in kernels]
     index = torch.device(device).index or 0
     l2 = getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0) or 0
     size = array_bytes or max(512 * _MIB, 8 * l2)
     with torch.cuda.device(index):
-        rates = _stream(torch, device, array_bytes=size, warmup=warmup, repeat=repeat * 5)
-        rates.append(_matmul(torch, device, side=8192, warmup=3, repeat=repeat * 2))
+        rates = (
+            _stream(torch, device, array_bytes=size, warmup=warmup, repeat=repeat * 5, copy="copy" in kernels)
+            if streaming
+            else []
+        )
+        if "matmul" in kernels:
+            rates.append(_matmul(torch, device, side=8192, warmup=3, repeat=matmul_repeat or repeat * 2))
     torch.cuda.empty_cache()
-    return rates
+    return [r for r in rates if r.kernel in kernels]
 
 
 def measure(

@@ -88,16 +88,20 @@ class Hardware:
         )
 
     @classmethod
-    def sampled(cls, *, device: str = "cpu", repeat: int = 10) -> list[Hardware]:
-        """This machine as this process sees it now, once per repetition: triad bandwidth and matmul FLOP/s
+    def sampled(cls, *, device: str = "cpu", repeat: int = 5) -> list[Hardware]:
+        """This machine as this process sees it now, `repeat` times: triad bandwidth and matmul FLOP/s
         measured here, with this process's threads and the machine's present state (never cached).
 
         A floor computed from each is a sample of the floor: a probe that records them in every replicate
-        lets the verdict carry the floor's own noise (perfkit/experiment/kinds/value.py).
+        lets the verdict carry the floor's own noise (perfkit/experiment/kinds/value.py). Only the two
+        kernels a floor reads are run, each `repeat` times (on a GPU, where they are cheap, more triads):
+        a replicate on the CPU spends most of this in first touching the three arrays the triad needs.
         """
         from perfkit.machine import bandwidth
 
-        rates = {r.kernel: r for r in bandwidth.rates_on(device, repeat=repeat)}
+        paired = repeat if device == "cpu" else None  # a GPU's default: more matmuls, as cheap as they are there
+        found = bandwidth.rates_on(device, repeat=repeat, kernels=("triad", "matmul"), matmul_repeat=paired)
+        rates = {r.kernel: r for r in found}
         name = f"measured {device} in-process"
         pairs = zip(rates["triad"].samples, rates["matmul"].samples)  # as many as the fewer of the two
         return [cls(name=name, dram_bytes_per_s=b, peak_flops=f, source="measured") for b, f in pairs]
