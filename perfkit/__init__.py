@@ -24,8 +24,8 @@ _PUBLIC = {
     "set_enabled": "perfkit.probe.spans",
     "bench": "perfkit.probe.timing",
     "steady_allocator": "perfkit.probe.allocator",
-    "load_hypotheses": "perfkit.experiment.hypothesis",
-    "Verdict": "perfkit.experiment.verdict",
+    "load_hypotheses": "perfkit.experiment.records.hypothesis",
+    "Verdict": "perfkit.experiment.records.verdict",
 }
 
 # public name -> module that is it (`from perfkit import serving`)

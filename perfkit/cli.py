@@ -41,10 +41,10 @@ _DELEGATED = {
     "env": "perfkit.machine.snapshot",
     "gpu-check": "perfkit.machine.gpucheck",
     "roofline": "perfkit.machine.roofline",
-    "overhead": "perfkit.experiment.costs",
+    "overhead": "perfkit.experiment.run.costs",
     "prof": "perfkit.probe.proflines",
-    "init": "perfkit.experiment.init",
-    "kernel": "perfkit.experiment.kernel",
+    "init": "perfkit.experiment.repo.init",
+    "kernel": "perfkit.experiment.run.kernel",
 }
 
 
@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="check every hypothesis record; exit 2 on any error; writes nothing")
     val.add_argument("--json", action="store_true", help="the records or the errors as JSON")
 
-    from perfkit.experiment import options
+    from perfkit.experiment.run import options
 
     run = sub.add_parser("run", help="execute probes, judge hypotheses, write results, plots and the ledger")
     options.add_arguments(run)
@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     dif.add_argument("--md", action="store_true", help="markdown for a pull-request comment, with plot thumbnails")
     dif.add_argument("--json", action="store_true", help="the changes as JSON")
-    from perfkit.experiment.compare import DEFAULT_FAIL_ON, FAIL_ON
+    from perfkit.experiment.records.compare import DEFAULT_FAIL_ON, FAIL_ON
 
     dif.add_argument(
         "--fail-on",
@@ -173,7 +173,7 @@ def _delegate(name: str, rest: list[str]) -> int:
 
 
 def _validate(project, args) -> int:
-    from perfkit.experiment.hypothesis import ValidationFailed, load_hypotheses
+    from perfkit.experiment.records.hypothesis import ValidationFailed, load_hypotheses
 
     try:
         hypotheses = load_hypotheses(project)
@@ -200,8 +200,8 @@ def _write_junit(path: str | None, xml: str) -> None:
 
 
 def _diff(project, args) -> int:
-    from perfkit.experiment import compare
     from perfkit.experiment.outputs import diff, junit
+    from perfkit.experiment.records import compare
 
     fail_on = compare.parse_fail_on(args.fail_on)
     name, changes = compare.diff(project, args.base)
@@ -221,7 +221,7 @@ def _diff(project, args) -> int:
 def _judge(project, args) -> int:
     from pathlib import Path
 
-    from perfkit.experiment.manual import judge_notebook
+    from perfkit.experiment.run.manual import judge_notebook
 
     name, judged, machine = judge_notebook(project, Path(args.notebook), args.hypothesis)
     print(
@@ -236,15 +236,15 @@ def _judge(project, args) -> int:
 
 
 def _run(project, args, argv) -> int:
-    from perfkit.experiment import options, runner
     from perfkit.experiment.outputs import junit
+    from perfkit.experiment.run import options, runner
 
     chosen = options.from_args(args, command="perfkit " + shlex.join(argv))
     out = (lambda line: print(line, file=sys.stderr)) if args.json else print
     report = runner.run(project, chosen, out=out)
     _write_junit(args.junit, junit.run_junit(report.results))
     if args.json:
-        from perfkit.experiment.results import FORMAT_VERSION
+        from perfkit.experiment.records.results import FORMAT_VERSION
 
         payload = report.results.to_json() | {"exit_code": report.exit_code, "format_version": FORMAT_VERSION}
         print(json.dumps(payload, indent=1))  # the results file's own shape and version, and the exit code
@@ -252,7 +252,7 @@ def _run(project, args, argv) -> int:
 
 
 def _ledger(project, args) -> int:
-    from perfkit.experiment import commit
+    from perfkit.experiment.run import commit
 
     if args.check:
         problems, warnings = commit.check(project)
@@ -274,7 +274,7 @@ def _report(project, args) -> int:
     from pathlib import Path
 
     from perfkit.experiment.outputs import report
-    from perfkit.experiment.results import load_all_results
+    from perfkit.experiment.records.results import load_all_results
 
     out = Path(args.out) if args.out else project.runs_dir / "report"
     if out.exists() and not out.is_dir():
@@ -329,7 +329,7 @@ def _main(argv: list[str]) -> int:
     if args.command == "bisect":
         return _bisect(project, args)
     if args.command == "new":
-        from perfkit.experiment.scaffold import new_probe
+        from perfkit.experiment.run.scaffold import new_probe
 
         print(
             f"wrote {new_probe(project, args.name)}: open it with "
@@ -352,8 +352,8 @@ def _check(project, args, argv) -> int:
     "skip") when it cannot say: inconclusive, a busy machine, a probe that failed, or a record or
     probe that this commit does not have. The run's evidence is under runs/; the ledger is never
     written, so the work tree git bisect checks out stays as it was."""
-    from perfkit.experiment import options as run_options
-    from perfkit.experiment import runner
+    from perfkit.experiment.run import options as run_options
+    from perfkit.experiment.run import runner
 
     options = run_options.from_args(args, command="perfkit " + shlex.join(argv), ids=(args.id,), ledger=False)
     try:
@@ -370,23 +370,22 @@ def _check(project, args, argv) -> int:
 
 def _bisect(project, args) -> int:
     """`perfkit bisect ID`: the table, culprits and plot; progress on stderr so --json and --md stay clean."""
-    from perfkit.experiment import bisection
-    from perfkit.experiment.outputs import bisect as shown
-    from perfkit.experiment.plots import write_plot
+    from perfkit.experiment.bisect import measure, report
+    from perfkit.experiment.records.plots import write_plot
     from perfkit.files import dumps
 
-    options = bisection.BisectOptions.from_args(args)
+    options = measure.BisectOptions.from_args(args)
 
     def say(line: str) -> None:  # one write a line: commits measured at once speak from threads of their own
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
-    found = bisection.run(project, options, say=say)
-    write_plot(found.folder / "bisect.png", shown.plot(found))
+    found = measure.run(project, options, say=say)
+    write_plot(found.folder / "bisect.png", report.plot(found))
     if args.json:
         print(dumps({**found.to_json(), "folder": project.relative(found.folder)}), end="")
     else:
-        print(shown.markdown(found) if args.md else shown.text(found), end="")
+        print(report.markdown(found) if args.md else report.text(found), end="")
     return found.exit_code()
 
 
@@ -402,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     except UserError as exc:
         from perfkit.errors import RecordError
-        from perfkit.experiment.hypothesis import ValidationFailed
+        from perfkit.experiment.records.hypothesis import ValidationFailed
 
         # record errors are already `path:line: field: message`, one per line
         plain = isinstance(exc, (RecordError, ValidationFailed))

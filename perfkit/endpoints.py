@@ -2,7 +2,7 @@
 and a free loopback port for a server to come.
 
 One reading for the probe that drives a server (`perfkit.serving`) and for the plan that keys its
-executions on the server (`perfkit.experiment.served`): the first model's `id` and `root`, every
+executions on the server (`perfkit.experiment.records.served`): the first model's `id` and `root`, every
 model's id, and the `perfkit` identity that `perfkit engine serve` adds to its model (tp, mode,
 preset, version, pids, ...) or, from another server, an `x-perfkit-engine` response header.
 """

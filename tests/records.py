@@ -2,7 +2,7 @@
 fixture project, and processes simulated from a known truth.
 
 Each builder fills what a test does not care about with a fixed, valid value, so a test names only
-what it is about. `run` starts a real `perfkit run` (perfkit.experiment.runner) with RunOptions.
+what it is about. `run` starts a real `perfkit run` (perfkit.experiment.run.runner) with RunOptions.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from perfkit.experiment import results
-from perfkit.experiment.hypothesis import Hypothesis, Probe, Sweep
-from perfkit.experiment.kinds.base import Expect
-from perfkit.experiment.results import Execution, HypothesisResult, Measured, RunResults
+from perfkit.experiment.records import results
+from perfkit.experiment.records.hypothesis import Hypothesis, Probe, Sweep
+from perfkit.experiment.records.kinds.base import Expect
+from perfkit.experiment.records.results import Execution, HypothesisResult, Measured, RunResults
 from perfkit.paths import Project
 from perfkit.samples import MetricRecord
 
@@ -117,8 +117,8 @@ def fixture_project(root: Path, *ids: str) -> Project:
 
 def run(project: Project, *, out=print, **options: Any):
     """`perfkit run` in this process: RunOptions from the keywords (`ids` a list), lines to `out`."""
-    from perfkit.experiment import runner
-    from perfkit.experiment.options import RunOptions
+    from perfkit.experiment.run import runner
+    from perfkit.experiment.run.options import RunOptions
 
     ids = tuple(options.pop("ids", ()))
     return runner.run(project, RunOptions(ids=ids, **options), out=out)

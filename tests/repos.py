@@ -9,7 +9,7 @@ from pathlib import Path
 
 import nbformat
 
-from perfkit.experiment.scaffold import probe_notebook
+from perfkit.experiment.run.scaffold import probe_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = """id: ownlib-work-under-8ms

@@ -107,6 +107,44 @@ def violations(edges: dict[str, set[str]]) -> list[str]:
     return bad
 
 
+#: The rooms of perfkit/experiment, from the bottom: a room imports its own and those below it, never one
+#: beside it or above. records (what is stored and judged) <- outputs (views of the records) <- run (a run's
+#: stages) <- bisect and repo (features built on whole runs; neither imports the other). The three modules
+#: at experiment/'s top are the old paths of a clean filter, a merge driver and a kernel that repositories
+#: set up earlier still name: each imports only the module that replaced it.
+ROOMS = {"records": 0, "outputs": 1, "run": 2, "bisect": 3, "repo": 3}
+COMPAT = {"strip": "repo.strip", "merge": "repo.merge", "kernel": "run.kernel"}
+
+
+def room(module: str) -> str | None:
+    """The room of a module of perfkit.experiment (None: the package itself)."""
+    parts = module.split(".")
+    if parts[:2] != ["perfkit", "experiment"] or len(parts) == 2:
+        return None
+    if parts[2] in ROOMS:
+        return parts[2]
+    if len(parts) == 3 and parts[2] in COMPAT:
+        return "compat"
+    raise AssertionError(f"{module}: no room of perfkit/experiment; put it in one of {sorted(ROOMS)}")
+
+
+def room_violations(edges: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, targets in sorted(edges.items()):
+        here = room(module)
+        for target in sorted(targets):
+            there = room(target)
+            if here is None or there is None or here == there:
+                continue
+            if here == "compat":
+                allowed = target == f"perfkit.experiment.{COMPAT[module.split('.')[2]]}"
+            else:
+                allowed = there != "compat" and ROOMS[there] < ROOMS[here]
+            if not allowed:
+                bad.append(f"{module} ({here}) imports {target} ({there})")
+    return bad
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -148,6 +186,35 @@ def test_every_import_runs_the_allowed_way():
     assert violations(edges) == []
 
 
+def test_experiment_rooms_import_only_down():
+    edges = graph()
+    rooms = {room(m) for m in edges if m.startswith("perfkit.experiment.")}
+    assert rooms == {*ROOMS, "compat"}  # every module sits in a room
+    assert room_violations(edges) == []
+
+
+def test_the_rooms_check_catches_an_arrow_up_or_sideways():
+    edges = {
+        "perfkit.experiment.records.results": {"perfkit.experiment.run.options"},  # up
+        "perfkit.experiment.outputs.ledger": {"perfkit.experiment.records.results"},  # down: fine
+        "perfkit.experiment.bisect.measure": {"perfkit.experiment.repo.init", "perfkit.experiment.run.runner"},
+        "perfkit.experiment.strip": {"perfkit.experiment.repo.strip", "perfkit.experiment.run.kernel"},
+        "perfkit.experiment.run.kernel": {"perfkit.experiment.kernel"},  # through an old path
+    }
+    assert room_violations(edges) == [
+        "perfkit.experiment.bisect.measure (bisect) imports perfkit.experiment.repo.init (repo)",
+        "perfkit.experiment.records.results (records) imports perfkit.experiment.run.options (run)",
+        "perfkit.experiment.run.kernel (run) imports perfkit.experiment.kernel (compat)",
+        "perfkit.experiment.strip (compat) imports perfkit.experiment.run.kernel (run)",
+    ]
+    try:
+        room("perfkit.experiment.loose")
+    except AssertionError as e:
+        assert "no room" in str(e)
+    else:
+        raise AssertionError("a module outside every room was not seen")
+
+
 def test_no_import_cycles():
     assert cycles(graph()) == []
 
@@ -158,7 +225,9 @@ def test_no_cycles_through_imports_for_annotations_either():
 
 
 def test_a_type_only_back_edge_is_seen():
-    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from perfkit.experiment import hypothesis\n"
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from perfkit.experiment.records import hypothesis\n"
+    )
 
     def seen(type_only: bool) -> set[str]:
         return {
@@ -169,10 +238,15 @@ def test_a_type_only_back_edge_is_seen():
         }
 
     assert seen(type_only=False) == {"typing.TYPE_CHECKING"}
-    assert "perfkit.experiment.hypothesis" in seen(type_only=True)
-    loop = {"perfkit.experiment.verdict": {"perfkit.experiment.hypothesis"}, "perfkit.experiment.hypothesis": set()}
-    loop["perfkit.experiment.hypothesis"].add("perfkit.experiment.verdict")  # the old type-only loop, closed
-    assert cycles(loop) == [["perfkit.experiment.hypothesis", "perfkit.experiment.verdict"]]
+    assert "perfkit.experiment.records.hypothesis" in seen(type_only=True)
+    loop = {
+        "perfkit.experiment.records.verdict": {"perfkit.experiment.records.hypothesis"},
+        "perfkit.experiment.records.hypothesis": set(),
+    }
+    loop["perfkit.experiment.records.hypothesis"].add(
+        "perfkit.experiment.records.verdict"
+    )  # the old type-only loop, closed
+    assert cycles(loop) == [["perfkit.experiment.records.hypothesis", "perfkit.experiment.records.verdict"]]
 
 
 #: Limits that keep every module readable in one sitting (issue 18). They count code: a docstring, a
@@ -237,7 +311,7 @@ def test_the_size_check_catches_each_kind_of_growth_and_counts_only_code(tmp_pat
     assignments = "\n".join(f"y{i} = {i}" for i in range(MOST_MODULE_CODE_LINES))
     fake = tmp_path / "big.py"
     fake.write_text(f"def long():\n{body}\n\n\ndef wide(a, b, c, d, e, f, *, g):\n    pass\n{assignments}\n")
-    found = oversized(PACKAGE / "experiment" / "verdict.py") + oversized(fake, "perfkit/experiment/big.py")
+    found = oversized(PACKAGE / "experiment" / "records" / "verdict.py") + oversized(fake, "perfkit/experiment/big.py")
     assert [p.split(": ", 1)[1] for p in found] == [
         f"{MOST_MODULE_CODE_LINES + MOST_FUNCTION_CODE_LINES + 3} lines of code",
         f"long is {MOST_FUNCTION_CODE_LINES + 1} lines of code",
@@ -254,23 +328,25 @@ def test_the_size_check_catches_each_kind_of_growth_and_counts_only_code(tmp_pat
 
 def test_the_checks_catch_a_wrong_direction_and_a_cycle():
     edges = {
-        "perfkit.engine.decode": {"perfkit.experiment.runner"},  # the engine reaching into the experiment
-        "perfkit.experiment.results": {"perfkit.probe.recording"},  # storage importing the notebook side
+        "perfkit.engine.decode": {"perfkit.experiment.run.runner"},  # the engine reaching into the experiment
+        "perfkit.experiment.records.results": {"perfkit.probe.recording"},  # storage importing the notebook side
         "perfkit.machine.a": {"perfkit.machine.b"},
         "perfkit.machine.b": {"perfkit.machine.a"},
     }
     assert violations(edges) == [
-        "perfkit.engine.decode (engine) imports perfkit.experiment.runner (experiment)",
-        "perfkit.experiment.results (experiment) imports perfkit.probe.recording (probe)",
+        "perfkit.engine.decode (engine) imports perfkit.experiment.run.runner (experiment)",
+        "perfkit.experiment.records.results (experiment) imports perfkit.probe.recording (probe)",
     ]
     assert cycles(edges) == [["perfkit.machine.a", "perfkit.machine.b"]]
 
 
 def test_function_level_and_submodule_imports_are_seen():
-    imports = imports_of(PACKAGE / "experiment" / "schedule.py")
-    assert "perfkit.experiment.execute" in imports  # `from perfkit.experiment import execute as executor`
+    imports = imports_of(PACKAGE / "experiment" / "run" / "schedule.py")
+    assert "perfkit.experiment.run.execute" in imports  # `from perfkit.experiment import execute as executor`
     assert "perfkit.machine.utilization" in imports
-    assert "perfkit.experiment.hypothesis" not in imports_of(PACKAGE / "experiment" / "verdict.py")  # nor for types
+    assert "perfkit.experiment.records.hypothesis" not in imports_of(
+        PACKAGE / "experiment" / "records" / "verdict.py"
+    )  # nor for types
 
 
 def test_every_shipped_probe_imports_what_exists():

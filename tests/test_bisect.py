@@ -12,9 +12,9 @@ import random
 import pytest
 
 from perfkit import stats
-from perfkit.experiment import bisect
-from perfkit.experiment.results import HypothesisResult
-from perfkit.experiment.verdict import Measured
+from perfkit.experiment.bisect import search as bisect
+from perfkit.experiment.records.results import HypothesisResult
+from perfkit.experiment.records.verdict import Measured
 
 SEEDS = range(40)
 
@@ -156,7 +156,7 @@ def test_the_good_end_by_default_is_the_newest_committed_run_that_confirmed_the_
     from records import store
 
     from perfkit.errors import UserError
-    from perfkit.experiment.bisection import default_good
+    from perfkit.experiment.bisect.measure import default_good
     from perfkit.paths import Project
 
     project = Project(tmp_path)

@@ -7,9 +7,9 @@ import nbformat
 import pytest
 
 from perfkit.cli import main
-from perfkit.experiment import profiling
-from perfkit.experiment.execute import ensure_kernelspec
-from perfkit.experiment.options import parse_overrides
+from perfkit.experiment.run import profiling
+from perfkit.experiment.run.execute import ensure_kernelspec
+from perfkit.experiment.run.options import parse_overrides
 
 FIXTURE_NOTEBOOK = Path(__file__).parent / "fixtures" / "project" / "notebooks" / "fixture_probe.ipynb"
 
@@ -120,7 +120,7 @@ def test_every_command_prints_its_help(capsys):
     parser = _parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     assert {"run", "check", "bisect", "ledger", "validate"} <= set(commands)
-    for name, sub in commands.items():
+    for sub in commands.values():
         sub.format_help()  # raises on a bad %-format, whatever the command does with --help
     with pytest.raises(SystemExit) as done:
         main(["run", "--help"])

@@ -11,7 +11,7 @@ from records import fixture_project, run
 
 from perfkit.cli import main
 from perfkit.errors import UserError
-from perfkit.experiment import cluster, runner, schedule
+from perfkit.experiment.run import cluster, runner, schedule
 from perfkit.paths import Project
 
 QUICK = ["fx-cost-confirmed", "fx-cost-refuted", "fx-raises", "fx-scaling", "fx-share", "fx-silent", "fx-speedup"]
@@ -64,7 +64,7 @@ def _kill_workers_running(mode: str, times: int, stop: threading.Event, killed: 
     while len(killed) < times and not stop.is_set():
         for proc in psutil.process_iter(["cmdline"]):
             cmd = proc.info["cmdline"] or []
-            if "perfkit.experiment.execute" in cmd and cmd[-1] not in killed:
+            if "perfkit.experiment.run.execute" in cmd and cmd[-1] not in killed:
                 try:
                     spec = json.loads(Path(cmd[-1]).read_text())
                 except (OSError, ValueError):
@@ -116,7 +116,7 @@ def test_an_unreachable_scheduler_and_a_missing_extra_are_clear_and_write_nothin
 
 def test_rounds_of_executions_on_one_client_each_find_their_input(project, tmp_path):
     """A run ships its code once; each round's tasks read it, as runs on one client follow each other."""
-    from perfkit.experiment.results import Execution
+    from perfkit.experiment.records.results import Execution
 
     client = cluster.connect("local:2")
     try:

@@ -1,4 +1,5 @@
-"""The code under test in the key (perfkit/experiment/code.py): what changes it, what does not, and what it touches."""
+"""The code under test in the key (perfkit/experiment/records/code.py): what changes it, what does not,
+and what it touches."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 from repos import git
 
 from perfkit.errors import UserError
-from perfkit.experiment import code, config
-from perfkit.experiment.kernel import on_path, project_root
+from perfkit.experiment.records import code, config
+from perfkit.experiment.run.kernel import on_path, project_root
 from perfkit.paths import Project
 
 
@@ -143,7 +144,7 @@ def test_the_kernel_finds_the_project_and_puts_it_first_on_the_import_path(tmp_p
 
 
 def test_a_record_may_name_more_code_under_test(tmp_path):
-    from perfkit.experiment.hypothesis import load_hypotheses
+    from perfkit.experiment.records.hypothesis import load_hypotheses
 
     fixtures = Path(__file__).parent / "fixtures" / "project"
     (tmp_path / "hypotheses").mkdir()
@@ -165,15 +166,15 @@ def test_a_record_may_name_more_code_under_test(tmp_path):
 
 
 def test_init_in_perfkits_own_repository_changes_nothing(tmp_path):
-    from perfkit.experiment.init import init
+    from perfkit.experiment.repo.init import init
 
     root = Path(__file__).resolve().parents[1]
     clone = tmp_path / "perfkit"
     subprocess.run(["git", "clone", "-q", str(root), str(clone)], check=True)
     for key, value in (
-        ("filter.perfkit-notebook.clean", "python -m perfkit.experiment.strip"),
+        ("filter.perfkit-notebook.clean", "python -m perfkit.experiment.repo.strip"),
         ("merge.perfkit-ledger.name", "perfkit ledger merge"),
-        ("merge.perfkit-ledger.driver", "python -m perfkit.experiment.merge %A %P"),
+        ("merge.perfkit-ledger.driver", "python -m perfkit.experiment.repo.merge %A %P"),
     ):
         git(clone, "config", key, value)  # as `make` leaves them
     said: list[str] = []

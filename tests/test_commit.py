@@ -14,10 +14,10 @@ import records
 from records import fixture_project, of
 
 from perfkit.cli import main
-from perfkit.experiment import commit, rundir, runner, schedule
-from perfkit.experiment.hypothesis import load_hypotheses
 from perfkit.experiment.outputs import ledger
-from perfkit.experiment.results import RunResults, load_all_results
+from perfkit.experiment.records.hypothesis import load_hypotheses
+from perfkit.experiment.records.results import RunResults, load_all_results
+from perfkit.experiment.run import commit, rundir, runner, schedule
 from perfkit.paths import Project
 
 
@@ -249,7 +249,7 @@ def test_ctrl_c_while_plotting_stops_the_run_even_when_plotting_code_swallows_it
     import signal
     import time
 
-    from perfkit.experiment import plots
+    from perfkit.experiment.records import plots
 
     monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
     real = plots.render

@@ -10,8 +10,8 @@ from records import fixture_project, of
 from repos import git
 
 from perfkit.cli import main
-from perfkit.experiment import compare as diff
-from perfkit.experiment.hypothesis import load_hypotheses
+from perfkit.experiment.records import compare as diff
+from perfkit.experiment.records.hypothesis import load_hypotheses
 from perfkit.paths import Project
 
 
@@ -119,7 +119,7 @@ def test_diff_against_a_folder_and_bad_bases_are_clear(project, tmp_path, capsys
 
 def _floored(h, verdict, ratio, floor_ms, run_id, *, t_ms=30.0):
     """A floor-judged result: the metric measured at `t_ms` and its floor at `floor_ms` (±5%)."""
-    from perfkit.experiment.results import Floor, Measured, MetricSummary
+    from perfkit.experiment.records.results import Floor, Measured, MetricSummary
 
     low, high = floor_ms * 0.95, floor_ms * 1.05
     return replace(
@@ -163,7 +163,7 @@ def test_a_verdict_that_changed_because_its_floor_moved_is_said_so_and_is_not_a_
 def test_the_pull_request_workflows_are_valid_yaml_with_plots_that_render_in_private_repositories_and_forks(which):
     import yaml
 
-    from perfkit.experiment import init
+    from perfkit.experiment.repo import init
 
     root = Path(__file__).resolve().parents[1]
     text = (root / ".github" / "workflows" / "perfkit.yml").read_text() if which.startswith("this") else init.WORKFLOW

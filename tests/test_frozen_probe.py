@@ -12,8 +12,8 @@ import nbformat
 import pytest
 from records import run
 
-from perfkit.experiment import cluster, runner, schedule
-from perfkit.experiment.results import read_execution
+from perfkit.experiment.records.results import read_execution
+from perfkit.experiment.run import cluster, runner, schedule
 from perfkit.paths import Project
 
 FIXTURES = Path(__file__).parent / "fixtures" / "project"

@@ -21,7 +21,7 @@ import pytest
 
 from perfkit.cli import main
 from perfkit.errors import UserError
-from perfkit.experiment import strip
+from perfkit.experiment.repo import strip
 from perfkit.probe import proflines, recording
 from perfkit.samples import MIMETYPE
 

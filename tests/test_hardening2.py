@@ -10,10 +10,11 @@ from records import execution, hypothesis, result, run_results, store
 
 from perfkit.cli import main
 from perfkit.errors import RecordError
-from perfkit.experiment import compare, judging, results
-from perfkit.experiment.kinds import expectation
 from perfkit.experiment.outputs import diff, ledger, report
-from perfkit.experiment.verdict import Floor, Measured, Verdict
+from perfkit.experiment.records import compare, results
+from perfkit.experiment.records.kinds import expectation
+from perfkit.experiment.records.verdict import Floor, Measured, Verdict
+from perfkit.experiment.run import judging
 from perfkit.files import dumps
 from perfkit.paths import Project
 from perfkit.samples import MetricRecord
@@ -223,7 +224,7 @@ def test_braces_in_the_project_path_and_the_notebook_name_are_just_characters(tm
 
     from records import run
 
-    from perfkit.experiment import schedule
+    from perfkit.experiment.run import schedule
     from perfkit.paths import Project
 
     monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
@@ -245,7 +246,7 @@ def test_a_scheduler_that_accepts_and_never_answers_is_an_error_not_a_hang():
     import time
 
     from perfkit.errors import UserError
-    from perfkit.experiment import cluster
+    from perfkit.experiment.run import cluster
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -273,7 +274,7 @@ def test_a_records_payload_of_another_format_or_shape_is_refused(payload, words)
     import nbformat
 
     from perfkit.errors import RecordError
-    from perfkit.experiment.executed import records_in
+    from perfkit.experiment.run.executed import records_in
     from perfkit.samples import MIMETYPE
 
     cell = nbformat.v4.new_code_cell("perfkit.record(...)")

@@ -158,8 +158,8 @@ def test_a_probe_linked_from_outside_and_dangling_records_are_errors(tmp_path, c
 
 def test_a_parameter_override_gets_the_same_checks(tmp_path):
     from perfkit.errors import UserError
-    from perfkit.experiment import runner
-    from perfkit.experiment.options import RunOptions, parse_overrides
+    from perfkit.experiment.run import runner
+    from perfkit.experiment.run.options import RunOptions, parse_overrides
     from perfkit.paths import Project
 
     root = valid_project(tmp_path, RECORD.format(value=1, notebook="fixture_probe.ipynb", n=1000))
@@ -181,7 +181,7 @@ def test_stored_results_are_read_back_as_strictly_as_records(tmp_path, edit, fie
     from test_results import sample_results
 
     from perfkit.errors import RecordError
-    from perfkit.experiment import results
+    from perfkit.experiment.records import results
     from perfkit.paths import Project
 
     project = Project(tmp_path)
@@ -200,7 +200,7 @@ def test_a_duplicated_hypothesis_in_a_results_file_is_refused(tmp_path):
     from test_results import sample_results
 
     from perfkit.errors import RecordError
-    from perfkit.experiment import results
+    from perfkit.experiment.records import results
     from perfkit.paths import Project
 
     project = Project(tmp_path)
@@ -228,9 +228,9 @@ def test_results_and_plots_are_never_written_through_a_link_out_of_the_project(t
 def test_a_probe_that_records_a_negative_duration_gets_an_error_not_a_verdict():
     from records import execution, hypothesis
 
-    from perfkit.experiment.judging import judge
-    from perfkit.experiment.kinds import expectation
-    from perfkit.experiment.verdict import Verdict
+    from perfkit.experiment.records.kinds import expectation
+    from perfkit.experiment.records.verdict import Verdict
+    from perfkit.experiment.run.judging import judge
     from perfkit.samples import MetricRecord
 
     h = hypothesis(expectation(kind="at_most", metric="t", unit="ms", value=1.0))

@@ -5,7 +5,7 @@ import nbformat
 import pytest
 
 from perfkit.cli import main
-from perfkit.experiment.hypothesis import ValidationFailed, load_hypotheses
+from perfkit.experiment.records.hypothesis import ValidationFailed, load_hypotheses
 from perfkit.paths import Project
 
 FIXTURES = Path(__file__).parent / "fixtures"

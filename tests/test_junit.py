@@ -8,9 +8,9 @@ import pytest
 import records
 import xmlschema
 
-from perfkit.experiment import compare as diff
 from perfkit.experiment.outputs.junit import diff_junit, run_junit
-from perfkit.experiment.results import Execution, HypothesisResult, RunResults
+from perfkit.experiment.records import compare as diff
+from perfkit.experiment.records.results import Execution, HypothesisResult, RunResults
 
 SCHEMA = xmlschema.XMLSchema10(str(Path(__file__).parent / "data" / "junit.xsd"))
 HOSTILE = 'a<b & "c" ]]> d\x00e\x1bf\ud800g'
@@ -207,7 +207,7 @@ def test_perfkit_run_junit_writes_a_schema_valid_file_with_a_case_per_hypothesis
     import shutil
 
     from perfkit.cli import main
-    from perfkit.experiment import runner, schedule
+    from perfkit.experiment.run import runner, schedule
 
     shutil.copytree(FIXTURES, tmp_path / "p")
     monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")

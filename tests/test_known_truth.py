@@ -9,11 +9,11 @@ import pytest
 from records import execution, hypothesis, process, replicates, result
 
 from perfkit import stats
-from perfkit.experiment import replicates as policy
-from perfkit.experiment.judging import judge, not_reproduced
-from perfkit.experiment.kinds import expectation
-from perfkit.experiment.results import Execution
-from perfkit.experiment.verdict import Judgement, Verdict
+from perfkit.experiment.records import replicates as policy
+from perfkit.experiment.records.kinds import expectation
+from perfkit.experiment.records.results import Execution
+from perfkit.experiment.records.verdict import Judgement, Verdict
+from perfkit.experiment.run.judging import judge, not_reproduced
 from perfkit.samples import MetricRecord
 
 
@@ -121,7 +121,7 @@ def test_not_reproduced_only_when_nothing_changed_and_the_intervals_are_disjoint
 
 
 def test_other_keys_are_never_not_reproduced_but_say_what_changed_and_how_far_it_moved():
-    from perfkit.experiment.judging import changed
+    from perfkit.experiment.run.judging import changed
 
     def measured(low, high, key="k"):
         return result("h", "confirmed", (low + high) / 2, key, width=(high - low) / (low + high))

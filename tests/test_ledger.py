@@ -8,9 +8,9 @@ import records
 from records import fixture_project, of
 
 from perfkit.cli import main
-from perfkit.experiment import history, results
-from perfkit.experiment.hypothesis import load_hypotheses
 from perfkit.experiment.outputs import ledger
+from perfkit.experiment.records import history, results
+from perfkit.experiment.records.hypothesis import load_hypotheses
 from perfkit.paths import Project
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,7 +149,7 @@ def test_a_verdict_judged_at_another_level_says_so_in_every_view(project):
     text = ledger.render(results.load_all_results(project))
     assert "1 ms [0.9, 1.1] (98.3% interval)" in text and "could look at the evidence" in text
     assert "(98.3% interval)" in show.describe(project, h.id)
-    from perfkit.experiment.compare import compare
+    from perfkit.experiment.records.compare import compare
 
     changes = compare([], results.load_all_results(project))
     assert "95% unless marked" in diff_view.markdown(changes, "base")

@@ -8,9 +8,9 @@ import records
 from records import of
 from repos import ROOT, git, sh
 
-from perfkit.experiment.hypothesis import load_hypotheses
 from perfkit.experiment.outputs import ledger
-from perfkit.experiment.results import load_all_results
+from perfkit.experiment.records.hypothesis import load_hypotheses
+from perfkit.experiment.records.results import load_all_results
 from perfkit.paths import Project
 
 FIXTURES = Path(__file__).parent / "fixtures" / "project"
@@ -31,7 +31,7 @@ def test_two_branches_rejudging_different_hypotheses_merge_cleanly(tmp_path):
     git(repo, "init", "-q", "-b", "main")
     for key, value in (("user.email", "t@example.com"), ("user.name", "t")):
         git(repo, "config", key, value)
-    git(repo, "config", "merge.perfkit-ledger.driver", f"{sys.executable} -m perfkit.experiment.merge %A %P")
+    git(repo, "config", "merge.perfkit-ledger.driver", f"{sys.executable} -m perfkit.experiment.repo.merge %A %P")
     everything = {h.id: ("confirmed", 1.0) for h in load_hypotheses(project)}
     judged(project, "20250101-000001", everything)
     git(repo, "add", ".")
@@ -54,7 +54,7 @@ def test_two_branches_rejudging_different_hypotheses_merge_cleanly(tmp_path):
 
 
 def test_a_merge_driver_that_cannot_write_says_so_in_one_line(tmp_path, monkeypatch, capsys):
-    from perfkit.experiment import merge
+    from perfkit.experiment.repo import merge
 
     monkeypatch.setattr(merge, "results_of_both_sides", lambda project: [])
     blocked = tmp_path / "a-file"

@@ -1,4 +1,4 @@
-"""A run's options are declared once (perfkit/experiment/options.py): the CLI, run() and the manifest agree."""
+"""A run's options are declared once (perfkit/experiment/run/options.py): the CLI, run() and the manifest agree."""
 
 import argparse
 import json
@@ -10,8 +10,8 @@ import pytest
 
 from perfkit.cli import _parser
 from perfkit.errors import UserError
-from perfkit.experiment import options
-from perfkit.experiment.options import RunOptions
+from perfkit.experiment.run import options
+from perfkit.experiment.run.options import RunOptions
 
 FIXTURES = Path(__file__).parent / "fixtures" / "project"
 FLAGGED = [f for f in fields(RunOptions) if "flag" in f.metadata]
@@ -81,7 +81,7 @@ def test_bad_options_are_refused_before_anything_runs(given, message):
 def test_the_manifest_records_the_options_the_run_was_given(tmp_path, monkeypatch):
     from records import run
 
-    from perfkit.experiment import runner, schedule
+    from perfkit.experiment.run import runner, schedule
     from perfkit.paths import Project
 
     shutil.copytree(FIXTURES, tmp_path / "p")
@@ -137,7 +137,7 @@ def test_check_and_bisect_take_the_runs_flags_from_its_one_declaration():
     args = _parser().parse_args(
         ["check", "h1", "--quick", "--jobs", "2", "--budget", "30", "--threads", "1", "--param", "n=8"]
     )
-    from perfkit.experiment.options import from_args
+    from perfkit.experiment.run.options import from_args
 
     chosen = from_args(args, command="c", ids=(args.id,), ledger=False)
     assert chosen == RunOptions(
@@ -150,14 +150,14 @@ def test_check_and_bisect_take_the_runs_flags_from_its_one_declaration():
         assert bisect[name].help == (help_there or declared[name].metadata["help"])
     assert "--budget" not in {s for a in bisect.values() for s in a.option_strings}
 
-    from perfkit.experiment.bisection import BisectOptions
+    from perfkit.experiment.bisect.measure import BisectOptions
 
     found = BisectOptions.from_args(_parser().parse_args(["bisect", "h1", "--jobs", "2", "--quick"]))
     assert found == BisectOptions(id="h1", jobs=2, quick=True)  # what was not given keeps its default
 
 
 def test_diff_fail_on_help_names_every_kind_it_accepts():
-    from perfkit.experiment.compare import DEFAULT_FAIL_ON, FAIL_ON
+    from perfkit.experiment.records.compare import DEFAULT_FAIL_ON, FAIL_ON
 
     fail_on = next(a for a in _subcommand("diff")._actions if a.dest == "fail_on")
     assert all(kind in fail_on.help for kind in FAIL_ON) and fail_on.default == ",".join(DEFAULT_FAIL_ON)

@@ -32,7 +32,7 @@ def test_the_replicate_cost_benchmark_runs_real_replicates_warm_and_fresh_side_b
     """`perfkit overhead --replicates N`: N real runs of a probe, each way, alternating; every row has a
     figure, the warm one ran forked from its round's template and the fresh one did not. Which is cheaper is
     the benchmark's figure to print, not a test's to time on a shared machine."""
-    from perfkit.experiment import costs
+    from perfkit.experiment.run import costs
 
     found = costs.measure(1)
     assert len(found["warm"]) == len(found["fresh"]) == len(found["template"]) == 1

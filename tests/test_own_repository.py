@@ -47,7 +47,7 @@ def test_init_sets_up_a_repository_once_and_a_second_init_changes_nothing(repo, 
     assert "[tool.perfkit]" in (repo / "pyproject.toml").read_text()
     assert sh(repo, "git", "check-ignore", "-q", "runs/x/manifest.json", check=False).returncode == 0
     filter_ = sh(repo, "git", "config", "--get", "filter.perfkit-notebook.clean").stdout
-    assert "-m perfkit.experiment.strip" in filter_ and "Makefile" not in filter_
+    assert "-m perfkit.experiment.repo.strip" in filter_ and "Makefile" not in filter_
     before = {p: p.stat().st_mtime_ns for p in repo.rglob("*") if ".git" not in p.parts}
     again = perfkit(repo, installed, "init")
     assert "nothing to do" in again.stdout and "perfkit run --all --quick" in again.stdout

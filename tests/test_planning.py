@@ -9,11 +9,11 @@ import pytest
 from records import hypothesis, replicates
 
 from perfkit import stats
-from perfkit.experiment import priors
-from perfkit.experiment import replicates as policy
-from perfkit.experiment.judging import judge
-from perfkit.experiment.kinds import expectation
-from perfkit.experiment.verdict import Measured, Verdict
+from perfkit.experiment.records import replicates as policy
+from perfkit.experiment.records.kinds import expectation
+from perfkit.experiment.records.verdict import Measured, Verdict
+from perfkit.experiment.run import priors
+from perfkit.experiment.run.judging import judge
 
 P = policy.Policy(first=3, most=12, budget_s=300)
 COST = [policy.Cost(setup_s=1.0, measure_s=4.0, counts={"repeat": 40})]
@@ -182,7 +182,7 @@ def test_the_forecast_takes_the_median_spread_of_the_last_measurements_not_one_o
     forecasts with 0.06, the median, and the latest estimate; a full run's measurement is another mode."""
     from records import result, run_results
 
-    from perfkit.experiment import history
+    from perfkit.experiment.records import history
 
     h = hypothesis(expectation(kind="at_most", metric="t", unit="ms", value=10.0), id="h")
 

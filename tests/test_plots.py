@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 from records import execution, hypothesis
 
-from perfkit.experiment import plots
-from perfkit.experiment.hypothesis import Sweep
-from perfkit.experiment.judging import judged
-from perfkit.experiment.kinds import expectation
+from perfkit.experiment.records import plots
+from perfkit.experiment.records.hypothesis import Sweep
+from perfkit.experiment.records.kinds import expectation
+from perfkit.experiment.run.judging import judged
 from perfkit.samples import MetricRecord
 
 
@@ -76,7 +76,7 @@ def test_the_ledger_copy_is_scaled_from_the_one_rendering_not_drawn_again():
 
 
 def test_a_plot_prints_the_level_its_verdict_was_judged_at():
-    from perfkit.experiment.judging import judged
+    from perfkit.experiment.run.judging import judged
 
     h, _, _ = CASES["cost"]()
     executions = [execution(noisy("m", 1.0, seed=s), replicate=s) for s in range(3)]

@@ -8,7 +8,7 @@ import pytest
 
 import perfkit
 from perfkit.errors import UserError
-from perfkit.experiment.executed import records_in
+from perfkit.experiment.run.executed import records_in
 from perfkit.phases import BREAKDOWN, PHASES, STEP, UNATTRIBUTED
 from perfkit.probe.recording import make_record
 from perfkit.samples import MIMETYPE, decode_samples, encode_samples

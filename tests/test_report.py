@@ -9,7 +9,7 @@ from browser import browser_dom
 
 from perfkit.cli import main
 from perfkit.experiment.outputs import report
-from perfkit.experiment.results import load_all_results
+from perfkit.experiment.records.results import load_all_results
 from perfkit.paths import Project
 
 ROOT = Path(__file__).resolve().parents[1]

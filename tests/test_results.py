@@ -5,8 +5,8 @@ import pytest
 
 from perfkit import files
 from perfkit.errors import RecordError
-from perfkit.experiment import results
-from perfkit.experiment.results import Execution, Floor, HypothesisResult, Measured, MetricSummary, RunResults
+from perfkit.experiment.records import results
+from perfkit.experiment.records.results import Execution, Floor, HypothesisResult, Measured, MetricSummary, RunResults
 from perfkit.paths import Project
 from perfkit.samples import MetricRecord
 

@@ -15,10 +15,11 @@ from records import FIXTURES, fixture_project, run
 
 from perfkit.cli import main
 from perfkit.errors import UserError
-from perfkit.experiment import execute as executor
-from perfkit.experiment import executed, priors, profiling, results, rundir, runner, schedule
-from perfkit.experiment import replicates as policy
 from perfkit.experiment.outputs import ledger
+from perfkit.experiment.records import replicates as policy
+from perfkit.experiment.records import results
+from perfkit.experiment.run import execute as executor
+from perfkit.experiment.run import executed, priors, profiling, rundir, runner, schedule
 from perfkit.paths import Project
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -302,8 +303,8 @@ def test_replicates_run_in_rounds_are_told_their_index_and_a_busy_one_is_rerun(f
 
 
 def test_a_verdict_resting_on_a_busy_machine_is_inconclusive_and_the_fit_verdict_stands(first):
-    from perfkit.experiment.compare import compare, failing
-    from perfkit.experiment.results import load_all_results
+    from perfkit.experiment.records.compare import compare, failing
+    from perfkit.experiment.records.results import load_all_results
 
     project, _, _ = first
     rerun(project, ids=["fx-cost-confirmed"], force=True)  # a fit measurement first
@@ -559,7 +560,7 @@ def test_four_runs_at_once_keep_every_ledger_row(tmp_path):
     """Four reviewers' runs, each re-judging its own hypothesis at the same moment in one project."""
     import re
 
-    from perfkit.experiment.results import load_all_results
+    from perfkit.experiment.records.results import load_all_results
 
     root = tmp_path / "project"
     (root / "hypotheses").mkdir(parents=True)
@@ -715,7 +716,7 @@ def test_a_time_budget_bounds_the_whole_run_and_says_what_did_not_fit(tmp_path):
     assert h.verdict == "inconclusive" and not h.executions and tight.executed == 0
     assert h.reason.startswith("not measured: its replicates did not fit the run's --budget (0.001 s); its minimum")
     assert any(line.startswith("[plan]    fx-cost-confirmed: not measured") for line in lines)
-    from perfkit.experiment import history
+    from perfkit.experiment.records import history
 
     assert history.attempt_of(h, None) == "not measured: the run's time budget"  # never the standing verdict
     roomy, lines = rerun(project, budget_s=600, **edge)
@@ -776,7 +777,7 @@ def test_costs_from_a_slower_day_are_carried_to_today_and_what_they_left_out_is_
 def test_no_execution_starts_once_a_run_was_interrupted(tmp_path):
     """A replicate that was waiting for its cores when Ctrl-C came must not start its kernel afterwards
     (it did: the interrupted run then hung until that execution ended)."""
-    from perfkit.experiment.results import Execution
+    from perfkit.experiment.records.results import Execution
 
     job = executor.Job(
         planned=Execution(key="k", notebook="fixture_probe.ipynb", params={"mode": "ok"}),
@@ -800,8 +801,8 @@ def test_no_execution_starts_once_a_run_was_interrupted(tmp_path):
 
 
 def test_a_plot_that_does_not_match_its_row_is_flagged_and_redrawn(first, capsys):
-    from perfkit.experiment.plots import stamp_of
-    from perfkit.experiment.results import stamp
+    from perfkit.experiment.records.plots import stamp_of
+    from perfkit.experiment.records.results import stamp
 
     project, report, _ = first
     standing = {r.id: r for r in report.results.hypotheses}

@@ -12,12 +12,13 @@ import nbformat
 import pytest
 from records import execution, hypothesis, result, run_results
 
-from perfkit.experiment import formats, plan, results, served
-from perfkit.experiment.code import CodeState
-from perfkit.experiment.hypothesis import Probe
-from perfkit.experiment.kinds.value import AtMost
-from perfkit.experiment.options import RunOptions
 from perfkit.experiment.outputs import ledger
+from perfkit.experiment.records import formats, results, served
+from perfkit.experiment.records.code import CodeState
+from perfkit.experiment.records.hypothesis import Probe
+from perfkit.experiment.records.kinds.value import AtMost
+from perfkit.experiment.run import plan
+from perfkit.experiment.run.options import RunOptions
 from perfkit.paths import Project
 
 
@@ -153,7 +154,7 @@ def test_perfkit_run_judges_the_serving_hypotheses_against_a_server_it_starts(tm
 
     from records import run
 
-    from perfkit.experiment import schedule
+    from perfkit.experiment.run import schedule
 
     monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)  # tests run beside
     root = Path(__file__).resolve().parents[1]

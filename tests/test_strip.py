@@ -10,7 +10,8 @@ import nbformat
 import pytest
 from repos import git
 
-from perfkit.experiment import plan, strip
+from perfkit.experiment.repo import strip
+from perfkit.experiment.run import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +32,7 @@ def test_saving_after_run_all_leaves_git_diff_empty_and_the_cache_key_unchanged(
     git(repo, "init", "-q")
     git(repo, "config", "user.email", "t@example.com")
     git(repo, "config", "user.name", "t")
-    git(repo, "config", "filter.perfkit-notebook.clean", f"{sys.executable} -m perfkit.experiment.strip")
+    git(repo, "config", "filter.perfkit-notebook.clean", f"{sys.executable} -m perfkit.experiment.repo.strip")
     git(repo, "add", ".")
     git(repo, "commit", "-qm", "clean")
     path = repo / "notebooks" / "mask_build.ipynb"
@@ -57,7 +58,7 @@ def test_saving_after_run_all_leaves_git_diff_empty_and_the_cache_key_unchanged(
 def test_a_file_that_is_no_notebook_is_stored_as_it_is_with_one_line(text):
 
     done = subprocess.run(
-        [sys.executable, "-m", "perfkit.experiment.strip"], input=text, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "perfkit.experiment.repo.strip"], input=text, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0 and done.stdout == text  # git stores it unchanged, and says why once
     assert done.stderr.startswith("perfkit clean filter: stored as it is") and len(done.stderr.splitlines()) == 1
@@ -75,7 +76,7 @@ def test_language_info_goes_and_a_projects_extra_keys_go_too(tmp_path):
 
     def clean(*args: str) -> dict:
         done = subprocess.run(
-            [sys.executable, "-m", "perfkit.experiment.strip", *args],
+            [sys.executable, "-m", "perfkit.experiment.repo.strip", *args],
             input=text,
             capture_output=True,
             text=True,
@@ -93,7 +94,7 @@ def test_language_info_goes_and_a_projects_extra_keys_go_too(tmp_path):
     assert configured["cells"][0]["metadata"] == {"keep": 1}
     (project / "pyproject.toml").write_text('[tool.perfkit]\nstrip = ["outputs"]\n')
     done = subprocess.run(
-        [sys.executable, "-m", "perfkit.experiment.strip", "sub/notebooks/probe.ipynb"],
+        [sys.executable, "-m", "perfkit.experiment.repo.strip", "sub/notebooks/probe.ipynb"],
         input=text,
         capture_output=True,
         text=True,
@@ -102,3 +103,43 @@ def test_language_info_goes_and_a_projects_extra_keys_go_too(tmp_path):
     )
     assert done.returncode == 0 and "jupytext" in json.loads(done.stdout)["metadata"]  # the defaults still apply
     assert 'strip must be a list of keys like "metadata.jupytext"' in done.stderr
+
+
+def test_a_repository_set_up_before_experiment_had_rooms_keeps_working_and_init_names_the_new_paths(tmp_path):
+    """An earlier perfkit wrote `-m perfkit.experiment.strip` and `-m perfkit.experiment.merge` into a
+    repository's git config, and kernelspecs that run `-m perfkit.experiment.kernel`: those paths still
+    work, and `perfkit init` run again rewrites the git entries (keeping their interpreter)."""
+    from perfkit.experiment import kernel as old_kernel
+    from perfkit.experiment.repo import init
+    from perfkit.experiment.run import kernel
+
+    repo = tmp_path / "repo"
+    (repo / "notebooks").mkdir(parents=True)
+    shutil.copy(ROOT / "notebooks" / "mask_build.ipynb", repo / "notebooks")
+    shutil.copy(ROOT / ".gitattributes", repo)
+    git(repo, "init", "-q")
+    git(repo, "config", "user.email", "t@example.com")
+    git(repo, "config", "user.name", "t")
+    old_filter = f"{sys.executable} -m perfkit.experiment.strip %f"
+    git(repo, "config", "filter.perfkit-notebook.clean", old_filter)
+    git(repo, "config", "merge.perfkit-ledger.driver", "/opt/py -m perfkit.experiment.merge %A %P")
+    path = repo / "notebooks" / "mask_build.ipynb"
+    nb = nbformat.read(str(path), as_version=4)
+    nb.cells[-1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="x" * 10_000 + "\n")]
+    nbformat.write(nb, str(path))
+    git(repo, "add", ".")  # through the old path's clean filter
+    stored = git(repo, "show", ":notebooks/mask_build.ipynb")
+    assert "x" * 100 not in stored and json.loads(stored)["cells"]
+    assert old_kernel.launch_kernel is kernel.launch_kernel
+
+    init.init(repo)
+    assert git(repo, "config", "--get", "filter.perfkit-notebook.clean").strip() == (
+        f"{sys.executable} -m perfkit.experiment.repo.strip %f"
+    )
+    assert git(repo, "config", "--get", "merge.perfkit-ledger.driver").strip() == (
+        "/opt/py -m perfkit.experiment.repo.merge %A %P"  # the interpreter the user chose stays
+    )
+    custom = "my-own-filter %f"
+    git(repo, "config", "filter.perfkit-notebook.clean", custom)
+    init.init(repo)
+    assert git(repo, "config", "--get", "filter.perfkit-notebook.clean").strip() == custom  # a choice stands

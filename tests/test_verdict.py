@@ -7,10 +7,10 @@ from records import execution as run
 from records import hypothesis as hyp
 from records import metric
 
-from perfkit.experiment.hypothesis import Sweep
-from perfkit.experiment.judging import judge
-from perfkit.experiment.kinds import expectation
-from perfkit.experiment.verdict import Verdict
+from perfkit.experiment.records.hypothesis import Sweep
+from perfkit.experiment.records.kinds import expectation
+from perfkit.experiment.records.verdict import Verdict
+from perfkit.experiment.run.judging import judge
 from perfkit.phases import BREAKDOWN, STEP
 from perfkit.samples import MetricRecord
 
@@ -163,7 +163,7 @@ def test_a_floor_recorded_in_some_replicates_only_is_not_judged():
 def test_a_warning_true_at_several_points_is_one_line_with_its_count():
     import random
 
-    from perfkit.experiment.kinds.base import warnings_for
+    from perfkit.experiment.records.kinds.base import warnings_for
 
     rng = random.Random(0)
 

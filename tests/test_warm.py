@@ -1,4 +1,4 @@
-"""Warm replicates (perfkit/experiment/warm.py) against known truth: each replicate forked from its round's
+"""Warm replicates (perfkit/experiment/run/warm.py) against known truth: each replicate forked from its round's
 template is still a process of its own, so state that differs between processes still differs, and the
 interval still sees it; `--fresh-processes` starts them the old way. Real papermill executions of a
 small probe, in a project made by the test."""
@@ -11,8 +11,8 @@ import nbformat
 import pytest
 from records import run
 
-from perfkit.experiment import runner, schedule, warm
-from perfkit.experiment.scaffold import probe_notebook
+from perfkit.experiment.run import runner, schedule, warm
+from perfkit.experiment.run.scaffold import probe_notebook
 from perfkit.paths import Project
 
 PROBE = """import os, sys, threading

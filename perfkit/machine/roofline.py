@@ -93,7 +93,7 @@ class Hardware:
         measured here, with this process's threads and the machine's present state (never cached).
 
         A floor computed from each is a sample of the floor: a probe that records them in every replicate
-        lets the verdict carry the floor's own noise (perfkit/experiment/kinds/value.py). Only the two
+        lets the verdict carry the floor's own noise (perfkit/experiment/records/kinds/value.py). Only the two
         kernels a floor reads are run, each `repeat` times (on a GPU, where they are cheap, more triads):
         a replicate on the CPU spends most of this in first touching the three arrays the triad needs.
         """

@@ -2,6 +2,6 @@
 
 `ledger` (hypotheses/LEDGER.md), `show` (`perfkit show`), `diff` (`perfkit diff` as text and pull-request
 markdown), `report` (the offline HTML page), `junit` (JUnit XML for CI test reporters) and `words` (the
-phrases they share). Each reads the same stored records (perfkit/experiment/results.py); none measures
+phrases they share). Each reads the same stored records (perfkit/experiment/records/results.py); none measures
 or judges anything.
 """

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import html
 
-from perfkit.experiment.compare import KINDS, Change, move_words
 from perfkit.experiment.outputs.words import cell, code, measured_or_why, other_levels, url
+from perfkit.experiment.records.compare import KINDS, Change, move_words
 
 
 def _move_text(change: Change) -> str:

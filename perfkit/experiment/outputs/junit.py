@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from perfkit import units
-from perfkit.experiment.compare import Change, failing
-from perfkit.experiment.results import Execution, HypothesisResult, RunResults
+from perfkit.experiment.records.compare import Change, failing
+from perfkit.experiment.records.results import Execution, HypothesisResult, RunResults
 
 _FORBIDDEN = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _DATETIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})?")

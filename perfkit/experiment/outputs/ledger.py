@@ -9,10 +9,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from perfkit.experiment import served
-from perfkit.experiment.compare import floor_move
-from perfkit.experiment.history import Entry, attempt, before, history, standing
-from perfkit.experiment.hypothesis import load_hypotheses
 from perfkit.experiment.outputs.words import (
     LEVEL_NOTE,
     cell,
@@ -25,7 +21,11 @@ from perfkit.experiment.outputs.words import (
     run_words,
     url,
 )
-from perfkit.experiment.results import RunResults, load_all_results
+from perfkit.experiment.records import served
+from perfkit.experiment.records.compare import floor_move
+from perfkit.experiment.records.history import Entry, attempt, before, history, standing
+from perfkit.experiment.records.hypothesis import load_hypotheses
+from perfkit.experiment.records.results import RunResults, load_all_results
 from perfkit.files import write_atomic
 from perfkit.paths import Project
 
@@ -246,8 +246,8 @@ def mismatched_plots(project: Project, entries: dict[str, list[Entry]]) -> list[
     """(id, plot, standing entry) of every ledger plot whose stamp names another result than its row.
 
     A plot without a stamp (drawn before plots carried one) is not judged."""
-    from perfkit.experiment.plots import stamp_of
-    from perfkit.experiment.results import stamp
+    from perfkit.experiment.records.plots import stamp_of
+    from perfkit.experiment.records.results import stamp
 
     out = []
     for hid, runs in entries.items():
@@ -264,8 +264,8 @@ def mismatched_plots(project: Project, entries: dict[str, list[Entry]]) -> list[
 def redraw_plots(project: Project) -> list[str]:
     """Each mismatched ledger plot scaled again from its run's own plot (runs/<run-id>/plots/), when that
     one is here and carries the row's stamp; what could not be redrawn is said."""
-    from perfkit.experiment import plots
-    from perfkit.experiment.results import stamp
+    from perfkit.experiment.records import plots
+    from perfkit.experiment.records.results import stamp
 
     said = []
     for hid, path, entry in mismatched_plots(project, history(load_all_results(project))):

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from perfkit import units
-from perfkit.experiment import compare as diffs
-from perfkit.experiment.history import Entry, history, standing
 from perfkit.experiment.outputs.words import evidence_text, measured_text, off_by_text, other_levels, run_words, url
-from perfkit.experiment.results import RunResults
+from perfkit.experiment.records import compare as diffs
+from perfkit.experiment.records.history import Entry, history, standing
+from perfkit.experiment.records.results import RunResults
 from perfkit.files import write_atomic
 from perfkit.paths import Project
 

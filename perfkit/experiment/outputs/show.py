@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from perfkit import units
 from perfkit.errors import UserError
-from perfkit.experiment.history import Entry, attempt, history, standing
-from perfkit.experiment.hypothesis import Hypothesis, load_hypotheses
 from perfkit.experiment.outputs.words import evidence_text, flip_note, measured_text, off_by_text, run_words
-from perfkit.experiment.results import HypothesisResult, load_all_results
+from perfkit.experiment.records.history import Entry, attempt, history, standing
+from perfkit.experiment.records.hypothesis import Hypothesis, load_hypotheses
+from perfkit.experiment.records.results import HypothesisResult, load_all_results
 from perfkit.paths import Project
 
 

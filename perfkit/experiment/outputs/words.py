@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from urllib.parse import quote
 
-from perfkit.experiment.results import HypothesisResult, RunResults
+from perfkit.experiment.records.results import HypothesisResult, RunResults
 
 # What a results file could use to end a table cell, a code span or open raw HTML, written as itself.
 _MARKDOWN = str.maketrans({"\\": "\\\\", "|": "\\|", "`": "\\`", "&": "&amp;", "<": "&lt;", ">": "&gt;"})

@@ -1,0 +1,440 @@
+"""Hypothesis records: one strict YAML file per claim, with its expected cost and its probe.
+
+Strict because a typo in a record (`expcet:`, `factr: 3`) must not silently turn into a default
+and a verdict nobody asked for. Every error names file:line, the field and what was expected, and
+all errors of all files are reported at once.
+
+The record, hypotheses/<id>.yaml:
+
+    id: mask-build-200ms              # slug, equal to the file name
+    claim: One sentence.
+    rationale: Why it was believed, before measuring.
+    expect:                           # the expected cost; keys depend on kind
+      kind: cost                      # value within a factor: value / factor .. value * factor
+      metric: mask_build_naive        # a name the probe records with perfkit.record
+      value: 200                      # or `floor: <recorded metric>` (e.g. a roofline figure)
+      unit: ms                        # checked against the recorded unit (convertible only)
+      factor: 3
+      at: {ctx: 46000}                # optional: which recorded point, when there are several
+      min_samples: 5                  # optional: fewer samples give "inconclusive"
+    # kind at_most / at_least: metric, unit, value (or floor [+ factor: bound = factor x floor])
+    # kind share:   metric, of (e.g. step), at_least and/or at_most as fractions (unit: % allowed)
+    # kind scaling: metric, over (the swept parameter), exponent, tolerance  (log-log fit)
+    # kind speedup: baseline, candidate, at_least and/or at_most  (x; time or rate metrics)
+    probe:
+      notebook: mask_build.ipynb      # under notebooks/, with a cell tagged `parameters`
+      params: {ctx: 46000, batch: 1}  # full mode; each must be declared by the notebook
+      quick: {ctx: 4096}              # overrides for --quick
+      sweep: {param: ctx, values: [4096, 16384], quick: [4096]}   # one execution per value
+      replicates: 5                   # optional: kernel processes per execution (default: the run's)
+      samples: {repeat: [10, 80]}     # optional: sample counts perfkit may choose from (replicates.py)
+    tags: [case-study]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfkit import units
+from perfkit.errors import RecordError, UserError
+from perfkit.experiment.records.checker import MAX_RECORD_BYTES, Checker, Located, finite, is_number, shown, type_name
+from perfkit.experiment.records.kinds import KINDS, Expect, all_keys
+from perfkit.experiment.records.notebooks import check_parameter, literal_default, notebook_parameters, recorded_units
+from perfkit.paths import Project, find_project
+
+SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,119}\Z")  # at most 120: <id>.png and its temporary names fit a file name
+
+_TOP_KEYS = {"id": True, "claim": True, "rationale": True, "expect": True, "probe": True, "tags": False}
+_PROBE_KEYS = {
+    "notebook": True,
+    "params": False,
+    "quick": False,
+    "sweep": False,
+    "replicates": False,
+    "resources": False,
+    "code": False,
+    "threads": False,
+    "samples": False,
+}
+CODE_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$")  # a path under the project or a distribution name
+RESOURCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
+MAX_REPLICATES = 50
+MAX_SAMPLE_COUNT = 1_000_000
+_SWEEP_KEYS = {"param": True, "values": True, "quick": False}
+
+
+class ValidationFailed(UserError):
+    """One or more hypothesis records are malformed; carries every error found."""
+
+    def __init__(self, errors: list[RecordError]):
+        self.errors = errors
+        super().__init__("\n".join(str(e) for e in errors))
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One probe execution per value of `param`."""
+
+    param: str
+    values: tuple[Any, ...]
+    quick: tuple[Any, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Probe:
+    notebook: str
+    params: dict[str, Any] = field(default_factory=dict)
+    quick: dict[str, Any] = field(default_factory=dict)
+    sweep: Sweep | None = None
+    replicates: int | None = None  # independent kernel processes per execution; None: the run's default
+    resources: dict[str, float] = field(default_factory=dict)  # what a cluster worker must offer: {"GPU": 1}
+    code: tuple[str, ...] = ()  # more code under test: paths under the project, installed distributions
+    threads: int | None = None  # CPU threads of its executions (None: the run decides, once, for every replicate)
+    # sample-count parameters perfkit may set within [low, high] for the split of processes and samples
+    # that decides soonest (replicates.py); no other parameter is ever changed
+    samples: dict[str, tuple[int, int]] = field(default_factory=dict)
+    sample_defaults: dict[str, int] = field(default_factory=dict)  # the notebook's own value of each, where literal
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    id: str
+    claim: str
+    rationale: str
+    expect: Expect
+    probe: Probe
+    tags: tuple[str, ...]
+    path: Path
+    hash: str  # of the parsed record; a verdict is stale when this changes
+
+
+def _check_expect(checker: Checker, raw: Any) -> Expect | None:
+    where = ("expect",)
+    expect = checker.mapping(raw, where)
+    if expect is None:
+        return None
+    kind = expect.get("kind")
+    if not isinstance(kind, str) or kind not in KINDS:
+        checker.fail(where + ("kind",), f"expected one of {', '.join(KINDS)}, got {kind!r}")
+        checker.keys(expect, where, all_keys())
+        return None
+    return KINDS[kind].parse(checker, expect, where)
+
+
+def _check_units(checker: Checker, expect: Any, probe: Probe, project: Project, cache: dict) -> None:
+    """A claim's unit has the dimension of the unit its probe records the metric in, when the probe says."""
+    unit = getattr(expect, "unit", None)
+    if unit is None:
+        return
+    path = project.notebooks_dir / probe.notebook
+    key = ("units", path)
+    if key not in cache:
+        cache[key] = recorded_units(path)
+    for key_name in ("metric", "floor"):
+        metric = getattr(expect, key_name, None)
+        recorded = cache[key].get(metric) if metric else None
+        if recorded and units.dimension(recorded) != units.dimension(unit):
+            checker.fail(
+                ("expect", "unit"),
+                f"{unit!r} measures {units.dimension(unit).replace('_', ' ')}, but {probe.notebook} records "
+                f"{metric} in {recorded!r} ({units.dimension(recorded).replace('_', ' ')})",
+            )
+
+
+def _check_notebook(checker: Checker, notebook: str, project: Project, cache: dict) -> dict | None:
+    """The parameters the probe notebook declares, or None after adding why it cannot be used."""
+    where = ("probe", "notebook")
+    path = project.notebooks_dir / notebook
+    if not notebook.endswith(".ipynb"):
+        checker.fail(where, f"expected a .ipynb file under notebooks/, got {notebook!r}")
+    elif not path.resolve().is_relative_to(project.notebooks_dir.resolve()):  # after symlinks and ../
+        checker.fail(
+            where, f"{notebook!r} resolves outside notebooks/; a record may only name the project's own probes"
+        )
+    elif not project.notebooks_dir.resolve().is_relative_to(project.root.resolve()):  # notebooks/ a link out
+        checker.fail(
+            where,
+            f"notebooks/ is a link to {project.notebooks_dir.resolve()}, outside the project: probes run its code",
+        )
+    elif not path.is_file():
+        checker.fail(where, f"no such notebook: {project.relative(path)}")
+    else:
+        if path not in cache:
+            cache[path] = notebook_parameters(path)
+        if not isinstance(cache[path], str):
+            return cache[path]
+        checker.fail(where, f"{cache[path]} ({project.relative(path)})")
+    return None
+
+
+def _check_probe(checker: Checker, raw: Any, project: Project, notebook_cache: dict) -> Probe | None:
+    where = ("probe",)
+    probe = checker.mapping(raw, where)
+    if probe is None:
+        return None
+    errors_before = len(checker.errors)
+    checker.keys(probe, where, _PROBE_KEYS)
+    notebook = checker.string(probe, "notebook", where)
+    declared = _check_notebook(checker, notebook, project, notebook_cache) if notebook is not None else None
+
+    blocks: dict[str, dict] = {}
+    for key in ("params", "quick"):
+        if key in probe:
+            block = checker.mapping(probe[key] if probe[key] is not None else {}, where + (key,))
+            if block is not None:
+                blocks[key] = block
+                for name, value in block.items():
+                    if declared is not None:
+                        problem = check_parameter(name, value, declared)
+                        if problem:
+                            checker.fail(where + (key, name), problem)
+    sweep = None
+    if "sweep" in probe:
+        sweep = _check_sweep(checker, probe["sweep"], declared)
+    replicates = checker.integer(probe, "replicates", where, low=1, high=MAX_REPLICATES)
+    resources: dict[str, float] = {}
+    if "resources" in probe:
+        block = checker.mapping(probe["resources"], where + ("resources",))
+        for name, amount in (block or {}).items():
+            if not isinstance(name, str) or not RESOURCE_NAME.match(name):
+                checker.fail(where + ("resources", name), "a resource is a name like GPU or memory_gb")
+            elif not is_number(amount) or not finite(amount) or not 0 < amount <= 1024:
+                checker.fail(where + ("resources", name), f"expected a number from 0 to 1024, got {shown(amount)}")
+            else:
+                resources[name] = float(amount)
+    code = _check_code(checker, probe.get("code"), where + ("code",)) if "code" in probe else ()
+    threads = checker.integer(probe, "threads", where, low=1, high=1024)
+    counts = _check_samples(checker, probe["samples"], declared, blocks, sweep) if "samples" in probe else {}
+    if len(checker.errors) > errors_before:
+        return None
+    return Probe(
+        samples=counts,
+        sample_defaults=_defaults(declared, counts),
+        code=code,
+        threads=threads,
+        notebook=notebook,
+        params=dict(blocks.get("params", {})),
+        quick=dict(blocks.get("quick", {})),
+        sweep=sweep,
+        replicates=replicates,
+        resources=resources,
+    )
+
+
+def _check_samples(
+    checker: Checker, raw: Any, declared: dict | None, blocks: dict[str, dict], sweep: Sweep | None
+) -> dict[str, tuple[int, int]]:
+    """`probe.samples`: {parameter: [low, high]}, each an integer parameter of the notebook that the sweep
+    does not vary, its given values (params, quick) inside the range."""
+    where = ("probe", "samples")
+    block = checker.mapping(raw, where)
+    out: dict[str, tuple[int, int]] = {}
+    for name, bounds in (block or {}).items():
+        here = where + (name,)
+        if not (
+            isinstance(bounds, list)
+            and len(bounds) == 2
+            and all(isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= MAX_SAMPLE_COUNT for b in bounds)
+            and bounds[0] <= bounds[1]
+        ):
+            checker.fail(
+                here,
+                f"expected [low, high], integers from 1 to {MAX_SAMPLE_COUNT:,} with low <= high, got {shown(bounds)}",
+            )
+            continue
+        if declared is not None:
+            problem = check_parameter(name, bounds[0], declared)
+            if problem:
+                checker.fail(here, f"a sample count is an integer parameter of the notebook: {problem}")
+                continue
+        if sweep is not None and sweep.param == name:
+            checker.fail(here, f"{name} is the swept parameter, not a sample count")
+            continue
+        for key, given in blocks.items():
+            value = given.get(name)
+            if isinstance(value, int) and not bounds[0] <= value <= bounds[1]:
+                checker.fail(where + (name,), f"probe.{key}.{name} is {value}, outside [{bounds[0]}, {bounds[1]}]")
+        out[name] = (bounds[0], bounds[1])
+    return out
+
+
+def _defaults(declared: dict | None, names) -> dict[str, int]:
+    """The notebook's default of each sample-count parameter that has an integer literal one: the count a
+    replicate measured with when the record's params did not set it."""
+    out = {}
+    for name in names:
+        value = literal_default((declared or {}).get(name, {}).get("default"))
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[name] = value
+    return out
+
+
+def _check_code(checker: Checker, raw: Any, where: tuple) -> tuple[str, ...]:
+    """`probe.code`: a list of paths under the project (no `..`) and installed distribution names."""
+    if not isinstance(raw, list) or not raw:
+        checker.fail(where, f"expected a list of paths and package names, got {type_name(raw)}")
+        return ()
+    for i, name in enumerate(raw):
+        if not isinstance(name, str) or not CODE_NAME.match(name) or ".." in name.split("/"):
+            checker.fail(where + (i,), f"expected a path under the project or a package name, got {name!r}")
+    return tuple(str(n) for n in raw)
+
+
+def _check_sweep(checker: Checker, raw: Any, declared: dict | None) -> Sweep | None:
+    where = ("probe", "sweep")
+    sweep = checker.mapping(raw, where)
+    if sweep is None:
+        return None
+    checker.keys(sweep, where, _SWEEP_KEYS)
+    param = checker.string(sweep, "param", where)
+    if param is not None and declared is not None and param not in declared:
+        checker.fail(where + ("param",), check_parameter(param, None, declared))
+        param = None
+    lists: dict[str, tuple] = {}
+    for key in ("values", "quick"):
+        if key not in sweep:
+            continue
+        values = sweep[key]
+        if not isinstance(values, list) or not values:
+            checker.fail(where + (key,), f"expected a non-empty list, got {type_name(values)}")
+            continue
+        if len(set(map(repr, values))) != len(values):
+            checker.fail(where + (key,), "values repeat; each sweep point runs once")
+        if param is not None and declared is not None:
+            for i, value in enumerate(values):
+                problem = check_parameter(param, value, declared)
+                if problem:
+                    checker.fail(where + (key, i), problem)
+        lists[key] = tuple(values)
+    if param is None or "values" not in lists:
+        return None
+    return Sweep(param=param, values=lists["values"], quick=lists.get("quick"))
+
+
+def record_hash(data: Any) -> str:
+    """Stable hash of a parsed record: formatting and comments do not count, content does.
+
+    `probe.samples` does not count either: the sample counts perfkit may choose say how a verdict is
+    paid for, not what is claimed (the counts a run chose are in its executions' parameters and keys)."""
+    if isinstance(data, dict) and isinstance(data.get("probe"), dict) and "samples" in data["probe"]:
+        data = {**data, "probe": {k: v for k, v in data["probe"].items() if k != "samples"}}
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def load_hypothesis(path: Path, project: Project, *, notebook_cache: dict | None = None) -> Hypothesis:
+    """Parse and validate one record; raises ValidationFailed with every error in it."""
+    shown = project.relative(path)
+    try:
+        if Path(path).stat().st_size > MAX_RECORD_BYTES:  # refused before it is read
+            raise ValidationFailed([RecordError(f"the record is larger than {MAX_RECORD_BYTES:,} bytes", path=shown)])
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValidationFailed([RecordError(f"cannot read: {exc}", path=shown)]) from None
+    try:
+        doc = Located(text, shown)
+    except RecordError as exc:
+        raise ValidationFailed([exc]) from None
+    checker = Checker(doc)
+    data = checker.mapping(doc.data, ())
+    if data is None:
+        raise ValidationFailed(checker.errors)
+    checker.keys(data, (), _TOP_KEYS)
+    hid = checker.string(data, "id", (), pattern=SLUG, what="a slug (at most 120 lowercase letters, digits and dashes)")
+    if hid is not None and hid != Path(path).stem:
+        checker.fail(("id",), f"id {hid!r} must equal the file name {Path(path).stem!r}")
+    claim = checker.string(data, "claim", ())
+    if claim is not None and "\n" in claim.strip():
+        checker.fail(("claim",), "a claim is one sentence on one line")
+    rationale = checker.string(data, "rationale", ())
+    tags: tuple[str, ...] = ()
+    if "tags" in data:
+        if not isinstance(data["tags"], list) or not all(isinstance(t, str) and SLUG.match(t) for t in data["tags"]):
+            checker.fail(("tags",), "expected a list of slugs (lowercase letters, digits and dashes)")
+        else:
+            tags = tuple(data["tags"])
+    expect = _check_expect(checker, data["expect"]) if "expect" in data else None
+    probe = (
+        _check_probe(checker, data["probe"], project, notebook_cache if notebook_cache is not None else {})
+        if "probe" in data
+        else None
+    )
+    # A scaling claim reads its points from a sweep of executions or, without one, from the `at`
+    # values the probe records itself (a grid inside one execution); only a mismatch is knowable here.
+    if expect is not None and probe is not None and expect.kind == "scaling":
+        if probe.sweep is not None and probe.sweep.param != expect.over:
+            checker.fail(("expect", "over"), f"the probe sweeps {probe.sweep.param!r}, not {expect.over!r}")
+    if expect is not None and probe is not None:
+        _check_units(checker, expect, probe, project, notebook_cache if notebook_cache is not None else {})
+    if checker.errors:
+        raise ValidationFailed(sorted(checker.errors, key=lambda e: e.line or 0))
+    return Hypothesis(
+        id=hid,
+        claim=claim.strip(),
+        rationale=rationale.strip(),
+        expect=expect,
+        probe=probe,
+        tags=tags,
+        path=Path(path),
+        hash=record_hash(data),
+    )
+
+
+def hypothesis_files(project: Project) -> list[Path]:
+    """Every record file, dangling links included (they are errors, not silently skipped)."""
+    return sorted(
+        p for p in project.hypotheses_dir.iterdir() if p.suffix in (".yaml", ".yml") and (p.is_file() or p.is_symlink())
+    )
+
+
+def _link_problem(path: Path, project: Project) -> str | None:
+    """Why a record file that is a symbolic link cannot be read, or None."""
+    if not path.is_symlink():
+        return None
+    if not path.exists():
+        return "a symbolic link to nothing (dangling)"
+    if not path.resolve().is_relative_to(project.root.resolve()):
+        return f"a symbolic link to {path.resolve()}, outside the project; records come from the project"
+    return None
+
+
+def load_hypotheses(project: Project | None = None, ids: list[str] | None = None) -> list[Hypothesis]:
+    """Every hypothesis of the project (all validated), or those named by `ids`, sorted by id."""
+    project = project or find_project()
+    errors: list[RecordError] = []
+    found: dict[str, Hypothesis] = {}
+    cache: dict = {}
+    for path in hypothesis_files(project):
+        problem = _link_problem(path, project)
+        if problem:
+            errors.append(RecordError(problem, path=project.relative(path)))
+            continue
+        try:
+            hypothesis = load_hypothesis(path, project, notebook_cache=cache)
+        except ValidationFailed as exc:
+            errors.extend(exc.errors)
+            continue
+        if hypothesis.id in found:
+            errors.append(
+                RecordError(
+                    f"duplicate id; also in {project.relative(found[hypothesis.id].path)}",
+                    path=project.relative(path),
+                    line=1,
+                    field="id",
+                )
+            )
+            continue
+        found[hypothesis.id] = hypothesis
+    if errors:
+        raise ValidationFailed(errors)
+    if ids:
+        unknown = [i for i in ids if i not in found]
+        if unknown:
+            raise UserError(f"no such hypothesis: {', '.join(unknown)} (known: {', '.join(sorted(found)) or 'none'})")
+        return [found[i] for i in sorted(set(ids))]
+    return [found[i] for i in sorted(found)]
