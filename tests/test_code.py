@@ -181,3 +181,15 @@ def test_init_in_perfkits_own_repository_changes_nothing(tmp_path):
     done = init(clone, say=said.append)
     assert [line for line in done if "Jupyter kernel" not in line] == []
     assert git(clone, "status", "--porcelain") == ""
+
+
+def test_perfkits_own_source_in_every_key_covers_the_engine_its_kernels_and_weights():
+    import perfkit
+    from perfkit.experiment.run import plan as planning
+
+    root = Path(perfkit.__file__).resolve().parent
+    hashed = {p.relative_to(root).as_posix() for p in planning.source_files()}
+    # a moved plan.py once hashed experiment/ alone: an engine change then reused stale measurements
+    for part in ("engine/decode.py", "kernels/verify_mask.py", "engine/checkpoints/target.safetensors", "stats.py"):
+        assert part in hashed
+    assert not any("__pycache__" in p or p.endswith(".pyc") for p in hashed)

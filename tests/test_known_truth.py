@@ -220,6 +220,12 @@ def test_a_time_budget_adds_the_cheapest_replicates_that_fit_and_names_the_rest(
         "the time budget ran out (--budget 100 s; its next replicates needed about 90 s); 3 ran"
     )
     assert p.afford(grown, have, needs, {"a": 5.0, "b": 30.0, "c": 10.0}, left_s=-5.0)[0] == have
+    # replicates an earlier run measured with the same key are reused: with none left, b's 3 stored ones are
+    # still added (a second run of unchanged code looks as the first did), and a fourth would cost again
+    stored = p.afford(grown, have, needs, {"a": 5.0, "b": 30.0, "c": 10.0}, left_s=0.0, free={"b": 6, "c": 9})
+    assert stored == ({"a": 3, "b": 6, "c": 3}, {"cheap": 15.0, "shares": 15.0})
+    partly = p.afford({**grown, "b": 7}, have, needs, {"a": 5.0, "b": 30.0, "c": 10.0}, left_s=20.0, free={"b": 6})
+    assert partly == ({"a": 6, "b": 3, "c": 3}, {"dear": 30.0, "shares": 10.0})
 
 
 def test_a_forecast_picks_the_edge_the_estimate_must_clear():

@@ -185,17 +185,21 @@ class Policy:
         needs: dict[str, tuple[str, ...]],
         seconds: dict[str, float],
         left_s: float,
+        free: dict[str, int] | None = None,
     ) -> tuple[dict[str, int], dict[str, float]]:
         """The part of `grown` that fits in `left_s`: hypothesis by hypothesis, cheapest first.
 
         `seconds` is each execution key's forecast wall seconds per replicate (as executions run at
-        once, already divided). Returns the counts to run and, for each hypothesis whose replicates
-        do not fit, the seconds they would have needed.
+        once, already divided). `free`: per key, the replicates an earlier run measured with this very
+        key, which are reused and cost nothing (a second run of unchanged code looks again as the first
+        did, never cut short by a budget its reused replicates do not spend). Returns the counts to run
+        and, for each hypothesis whose replicates do not fit, the seconds they would have needed.
         """
         counts, spent, left_out = dict(have), 0.0, {}
+        free = free or {}
 
         def cost(hid: str) -> float:
-            return sum(max(0, grown[k] - counts[k]) * seconds.get(k, 0.0) for k in needs[hid])
+            return sum(max(0, grown[k] - max(counts[k], free.get(k, 0))) * seconds.get(k, 0.0) for k in needs[hid])
 
         wanting = [hid for hid, keys in needs.items() if any(grown[k] > have[k] for k in keys)]
         for hid in sorted(wanting, key=lambda h: (cost(h), h)):

@@ -32,7 +32,7 @@ from perfkit.experiment.run.options import RunOptions
 from perfkit.machine import fitness
 from perfkit.paths import Project
 
-_PACKAGE = Path(__file__).resolve().parents[1]
+_PACKAGE = Path(__file__).resolve().parents[2]  # perfkit/, engine and kernels included: experiment/run/plan.py
 
 
 REPLICATE_PARAM = "replicate"  # a probe that declares it is told which replicate it is
@@ -57,18 +57,22 @@ class Plan:
         return [replace(x, replicate=r) for r in range(rounds) for x in self.executions if r < self.replicates[x.key]]
 
 
+def source_files() -> list[Path]:
+    """The perfkit package's files, in a stable order: the framework, the engine, its kernels and weights."""
+    files = []
+    for path in sorted(_PACKAGE.rglob("*")):
+        parts = path.relative_to(_PACKAGE).parts
+        if "__pycache__" in parts or any(p.startswith(".") for p in parts) or path.suffix == ".pyc":
+            continue
+        if path.is_file():
+            files.append(path)
+    return files
+
+
 def source_tree_hash() -> str:
     """Hash of the perfkit package's files: a change in the framework or engine invalidates the cache."""
     digest = hashlib.sha256()
-    for path in sorted(_PACKAGE.rglob("*")):
-        parts = path.relative_to(_PACKAGE).parts
-        if (
-            "__pycache__" in parts
-            or any(p.startswith(".") for p in parts)
-            or path.suffix == ".pyc"
-            or not path.is_file()
-        ):
-            continue
+    for path in source_files():
         digest.update(path.relative_to(_PACKAGE).as_posix().encode())
         digest.update(b"\0")
         digest.update(path.read_bytes())
