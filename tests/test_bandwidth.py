@@ -210,10 +210,20 @@ def test_a_sampled_floor_runs_only_the_kernels_it_reads_as_many_times_as_it_has_
     monkeypatch.setattr(bandwidth, "bench", counting)
     monkeypatch.setattr(bandwidth, "_cpu_array_bytes", lambda: 4 * MIB)
     floors = roofline.Hardware.sampled(device="cpu", repeat=4)
-    assert calls == [4, 4]  # triad, then matmul: four timed calls each
+    best = roofline.BEST_OF
+    assert calls == [4 * best, 4 * best]  # triad, then matmul: four values each, each the fastest of `best` calls
     assert len(floors) == 4 and all(h.dram_bytes_per_s > 0 and h.peak_flops > 0 for h in floors)
     assert [r.kernel for r in bandwidth.rates_on("cpu", array_bytes=4 * MIB, repeat=3, kernels=("matmul",))] == [
         "matmul"
     ]
     with pytest.raises(ValueError, match="kernels must be some of"):
         bandwidth.rates_on("cpu", kernels=("stream",))
+
+
+def test_a_value_that_is_the_best_of_several_calls_is_the_fastest_of_its_own_calls(monkeypatch):
+    """best_of=3: each value the fastest of three calls in a row, never of a neighbour's."""
+    times = iter([0.3, 0.1, 0.2, 0.5, 0.4, 0.6])
+    monkeypatch.setattr(bandwidth, "bench", lambda fn, *, warmup, repeat, sync: [next(times) for _ in range(repeat)])
+    import torch
+
+    assert bandwidth._seconds(lambda: None, torch.device("cpu"), warmup=0, repeat=2, best_of=3) == [0.1, 0.4]

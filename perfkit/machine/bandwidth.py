@@ -162,20 +162,24 @@ def _cpu_array_bytes() -> int:
     return int(max(16 * _MIB, min(want, cap)))
 
 
-def _seconds(fn, device, *, warmup: int, repeat: int) -> list[float]:
-    """Seconds per call of `fn`: CUDA events on a GPU, the host clock on the CPU."""
-    return bench(fn, warmup=warmup, repeat=repeat, sync="cuda" if device.type == "cuda" else "none")
+def _seconds(fn, device, *, warmup: int, repeat: int, best_of: int = 1) -> list[float]:
+    """Seconds per call of `fn`: CUDA events on a GPU, the host clock on the CPU. With `best_of` > 1 each
+    of the `repeat` values is the fastest of that many calls in a row: the rate the hardware reaches."""
+    secs = bench(fn, warmup=warmup, repeat=repeat * best_of, sync="cuda" if device.type == "cuda" else "none")
+    return [min(secs[i : i + best_of]) for i in range(0, repeat * best_of, best_of)]
 
 
-def _stream(torch, device: str, *, array_bytes: int, warmup: int, repeat: int, copy: bool = True) -> list[Rate]:
+def _stream(
+    torch, device: str, *, array_bytes: int, warmup: int, repeat: int, copy: bool = True, best_of: int = 1
+) -> list[Rate]:
     """Copy (unless `copy` is False) and triad over arrays of `array_bytes` each."""
     n = array_bytes // 4
     dev = torch.device(device)
     a = torch.empty(n, dtype=torch.float32, device=dev)
     b = torch.full((n,), 1.0, dtype=torch.float32, device=dev)
     c = torch.full((n,), 2.0, dtype=torch.float32, device=dev)
-    copy_s = _seconds(lambda: a.copy_(b), dev, warmup=warmup, repeat=repeat) if copy else None
-    triad_s = _seconds(lambda: torch.add(b, c, alpha=3.0, out=a), dev, warmup=warmup, repeat=repeat)
+    copy_s = _seconds(lambda: a.copy_(b), dev, warmup=warmup, repeat=repeat, best_of=best_of) if copy else None
+    triad_s = _seconds(lambda: torch.add(b, c, alpha=3.0, out=a), dev, warmup=warmup, repeat=repeat, best_of=best_of)
     if float(a[n // 2]) != 7.0:  # the triad really ran over the arrays
         raise RuntimeError(f"triad on {device} produced {float(a[n // 2])}, expected 7.0")
     nbytes = n * 4
@@ -185,13 +189,13 @@ def _stream(torch, device: str, *, array_bytes: int, warmup: int, repeat: int, c
     )
 
 
-def _matmul(torch, device: str, *, side: int, warmup: int, repeat: int) -> Rate:
+def _matmul(torch, device: str, *, side: int, warmup: int, repeat: int, best_of: int = 1) -> Rate:
     dev = torch.device(device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     x = torch.randn(side, side, dtype=dtype, device=dev)
     y = torch.randn(side, side, dtype=dtype, device=dev)
     out = torch.empty(side, side, dtype=dtype, device=dev)
-    secs = _seconds(lambda: torch.matmul(x, y, out=out), dev, warmup=warmup, repeat=repeat)
+    secs = _seconds(lambda: torch.matmul(x, y, out=out), dev, warmup=warmup, repeat=repeat, best_of=best_of)
     return _rate("matmul", device, "FLOP/s", [2 * side**3 / s for s in secs], side)
 
 
@@ -226,10 +230,12 @@ def rates_on(
     repeat: int = 10,
     kernels: tuple[str, ...] = KERNELS,
     matmul_repeat: int | None = None,
+    best_of: int = 1,
 ) -> list[Rate]:
     """Copy, triad and matmul (or those of `kernels`) on one device ("cpu" or "cuda:N"), now, in this
     process and its threads. `repeat`: timed calls of each streaming kernel (x5 on a GPU); `matmul_repeat`:
-    of the matmul (default: half of `repeat`, at least 3, on the CPU; 2 x `repeat` on a GPU)."""
+    of the matmul (default: half of `repeat`, at least 3, on the CPU; 2 x `repeat` on a GPU). `best_of`:
+    each value the fastest of that many calls in a row (a floor's peak rate; 1: every call a value)."""
     import torch
 
     unknown = set(kernels) - set(KERNELS)
@@ -239,24 +245,37 @@ def rates_on(
     if device == "cpu":
         size = array_bytes or _cpu_array_bytes()
         rates = (
-            _stream(torch, "cpu", array_bytes=size, warmup=warmup, repeat=repeat, copy="copy" in kernels)
+            _stream(
+                torch, "cpu", array_bytes=size, warmup=warmup, repeat=repeat, copy="copy" in kernels, best_of=best_of
+            )
             if streaming
             else []
         )
         if "matmul" in kernels:
-            rates.append(_matmul(torch, "cpu", side=1024, warmup=1, repeat=matmul_repeat or max(3, repeat // 2)))
+            mm_repeat = matmul_repeat or max(3, repeat // 2)
+            rates.append(_matmul(torch, "cpu", side=1024, warmup=1, repeat=mm_repeat, best_of=best_of))
         return [r for r in rates if r.kernel in kernels]
     index = torch.device(device).index or 0
     l2 = getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0) or 0
     size = array_bytes or max(512 * _MIB, 8 * l2)
     with torch.cuda.device(index):
         rates = (
-            _stream(torch, device, array_bytes=size, warmup=warmup, repeat=repeat * 5, copy="copy" in kernels)
+            _stream(
+                torch,
+                device,
+                array_bytes=size,
+                warmup=warmup,
+                repeat=repeat * 5,
+                copy="copy" in kernels,
+                best_of=best_of,
+            )
             if streaming
             else []
         )
         if "matmul" in kernels:
-            rates.append(_matmul(torch, device, side=8192, warmup=3, repeat=matmul_repeat or repeat * 2))
+            rates.append(
+                _matmul(torch, device, side=8192, warmup=3, repeat=matmul_repeat or repeat * 2, best_of=best_of)
+            )
     torch.cuda.empty_cache()
     return [r for r in rates if r.kernel in kernels]
 

@@ -40,6 +40,9 @@ __all__ = [
 ]
 
 
+BEST_OF = 5  # calls in a row per value of a sampled floor's rates: the fastest is the value
+
+
 @dataclass(frozen=True)
 class Hardware:
     """What bounds a step: DRAM bytes/s and peak FLOP/s (dense, at the step's dtype)."""
@@ -96,11 +99,18 @@ class Hardware:
         lets the verdict carry the floor's own noise (perfkit/experiment/records/kinds/value.py). Only the two
         kernels a floor reads are run, each `repeat` times (on a GPU, where they are cheap, more triads):
         a replicate on the CPU spends most of this in first touching the three arrays the triad needs.
+
+        Each value is the fastest of `BEST_OF` calls in a row, as STREAM reports its best rate: a floor is
+        what the hardware can reach, and on a shared or throttling host a single 10 ms matmul caught in a
+        slow moment (seen here: 1024^2 fp32 matmuls of one process at 99-199 GFLOP/s within 25 calls,
+        process medians 85-197) would put the floor at the moment, not at the machine.
         """
         from perfkit.machine import bandwidth
 
         paired = repeat if device == "cpu" else None  # a GPU's default: more matmuls, as cheap as they are there
-        found = bandwidth.rates_on(device, repeat=repeat, kernels=("triad", "matmul"), matmul_repeat=paired)
+        found = bandwidth.rates_on(
+            device, repeat=repeat, kernels=("triad", "matmul"), matmul_repeat=paired, best_of=BEST_OF
+        )
         rates = {r.kernel: r for r in found}
         name = f"measured {device} in-process"
         pairs = zip(rates["triad"].samples, rates["matmul"].samples)  # as many as the fewer of the two
