@@ -22,6 +22,7 @@ pytest.importorskip("uvicorn")
 
 from perfkit.engine import data, load_engine  # noqa: E402
 from perfkit.engine.serve import Job, Reply, _stream  # noqa: E402
+from perfkit.engineoptions import EngineOptions  # noqa: E402
 from perfkit.probe import serving  # noqa: E402
 from perfkit.probe.servers import Server, free_port, get_json  # noqa: E402
 
@@ -58,8 +59,7 @@ def engine():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = Server(
-        tp=2,
-        preset="shipped",
+        EngineOptions(tp=2, preset="shipped"),
         args=("--batch-wait-ms", "50"),
         env={"PERFKIT_PROFILE": "1", "PERFKIT_PROFILE_INTERVAL": "0.5"},
         log_dir=tmp_path_factory.mktemp("serve"),
@@ -74,8 +74,7 @@ def own_server(tmp_path):
     """A server of its own for a test that stops or breaks it: the module's stay up for the others,
     whatever order they run in (`-k`, a random order)."""
     srv = Server(
-        tp=2,
-        preset="tiny-random",
+        EngineOptions(tp=2, preset="tiny-random"),
         env={"PERFKIT_PROFILE": "1", "PERFKIT_PROFILE_INTERVAL": "0.5"},
         log_dir=tmp_path,
         startup_timeout=120,
@@ -296,7 +295,7 @@ def test_sigterm_stops_it_and_every_rank(own_server):
 def token_server(tmp_path_factory):
     """Started by hand to watch /health while the ranks load; {"url", "process", "seen"}."""
     port = free_port()
-    command = Server(tp=2, preset="shipped", args=("--chunk", "token")).command(port)
+    command = Server(EngineOptions(tp=2, preset="shipped"), args=("--chunk", "token")).command(port)
     log = open(tmp_path_factory.mktemp("serve") / "token.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url, seen = f"http://127.0.0.1:{port}", []
@@ -363,8 +362,8 @@ def test_a_server_stops_when_the_probe_that_started_it_is_killed(tmp_path):
     """A probe's kernel killed outright runs no cleanup: the server (in a session of its own) sees
     its parent go and stops itself and its ranks."""
     code = (
-        "import sys, time\nfrom perfkit.probe.servers import Server\n"
-        "s = Server(tp=2, preset='tiny-random', log_dir=sys.argv[1]).start()\n"
+        "import sys, time\nfrom perfkit.engineoptions import EngineOptions\nfrom perfkit.probe.servers import Server\n"
+        "s = Server(EngineOptions(tp=2, preset='tiny-random'), log_dir=sys.argv[1]).start()\n"
         "print(s.pid, *s.identity()['engine']['pids'], flush=True)\ntime.sleep(600)\n"
     )
     child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)

@@ -173,9 +173,11 @@ def test_perfkit_run_judges_the_serving_hypotheses_against_a_server_it_starts(tm
     assert set(got) == set(SERVING)
     for h in got.values():
         assert h.verdict in ("confirmed", "refuted", "inconclusive"), (h.id, h.verdict, h.reason, lines[-20:])
-    (execution,) = {e.key: e for h in got.values() for e in h.executions}.values()  # one execution serves all three
+    executions = {e.key: e for h in got.values() for e in h.executions}.values()
+    # each hypothesis asks for the one phase it reads: three executions, each starting a server of its own
+    assert sorted(tuple(e.params["phases"]) for e in executions) == [("concurrency",), ("long",), ("ttft",)]
     engine = {"tp": 2, "preset": "shipped", "mode": "spec", "mask": "naive", "tree": "heap"}  # the notebook's
-    assert execution.server == {**served.STARTED, "engine": engine}
+    assert all(e.server == {**served.STARTED, "engine": engine} for e in executions)
     floor = got["served-prepare-for-verify-under-1ms"]
     assert floor.measured is not None and floor.measured.value > 0, floor.reason  # the ranks' lines, long phase
     assert _servers() - before == set()  # the server and its ranks are gone

@@ -14,6 +14,7 @@ import torch
 from perfkit.engine import data, load_engine, tp
 from perfkit.engine.decode import growth
 from perfkit.engine.workers import RankDied, RankError, Workers
+from perfkit.engineoptions import EngineOptions
 from perfkit.errors import UserError
 
 PROMPTS = [data.encode("def main():\n    return "), data.encode("import os\n")]
@@ -49,7 +50,7 @@ def _within(seconds: float, fn):
 
 def _served(preset: str, tp_: int, mode: str, **kwargs) -> tuple[list[list[int]], list, dict]:
     steps: list = []
-    with Workers(tp=tp_, preset=preset, mode=mode, threads=1, **kwargs) as workers:
+    with Workers(EngineOptions(tp=tp_, preset=preset, mode=mode, threads=1, **kwargs)) as workers:
         workers.start()
         workers.wait_ready(60)
         summary = workers.generate(PROMPTS, max_new_tokens=24, on_tokens=steps.append)
@@ -76,7 +77,7 @@ def test_ranks_give_the_in_process_tokens(preset, mode):
 def test_sampled_tokens_and_engine_options_follow_the_engine():
     engine = load_engine("tiny-random", seed=0)
     expected = engine.generate(PROMPTS, max_new_tokens=12, mask="naive", tree="heap", temperature=0.8, seed=3).tokens
-    with Workers(tp=2, preset="tiny-random", threads=1, mask="naive", tree="heap") as workers:
+    with Workers(EngineOptions(tp=2, preset="tiny-random", threads=1, mask="naive", tree="heap")) as workers:
         workers.start()
         workers.wait_ready(60)
         assert workers.identity["mask"] == "naive" and workers.identity["tree"] == "heap"
@@ -85,7 +86,7 @@ def test_sampled_tokens_and_engine_options_follow_the_engine():
 
 
 def test_identity_and_bad_options():
-    workers = Workers(tp=2, preset="tiny-random")
+    workers = Workers(EngineOptions(tp=2, preset="tiny-random"))
     assert set(workers.identity) == {
         "preset",
         "tp",
@@ -103,11 +104,11 @@ def test_identity_and_bad_options():
     with_omp = dict(os.environ, OMP_NUM_THREADS="6")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(os, "environ", with_omp)
-        assert Workers(tp=2).identity["threads"] == 3  # the replicate's count, shared by the ranks
-        assert Workers(tp=2, threads=1).identity["threads"] == 1
+        assert Workers(EngineOptions(tp=2)).identity["threads"] == 3  # the replicate's count, shared by the ranks
+        assert Workers(EngineOptions(tp=2, threads=1)).identity["threads"] == 1
     for kwargs in ({"tp": 0}, {"mode": "beam"}, {"mask": "dense"}, {"tree": "greedy"}, {"fill": "x"}, {"budget": 0}):
         with pytest.raises(UserError):
-            Workers(**kwargs)
+            Workers(EngineOptions(**kwargs))
 
 
 def test_a_shard_holds_its_share_and_the_partial_sums_add_up():
@@ -139,7 +140,7 @@ def test_moe_experts_split_and_uneven_tp_is_refused():
     assert moe.target.blocks[0].ffn.router.weight.shape == (c.n_experts, c.d_model)  # replicated
     with pytest.raises(UserError, match="does not split over --tp 3"):
         tp.check(c, 3)
-    with Workers(tp=3, preset="moe-random", threads=1) as workers:
+    with Workers(EngineOptions(tp=3, preset="moe-random", threads=1)) as workers:
         workers.start()
         with pytest.raises(UserError, match="n_kv_heads 2 does not split over --tp 3"):
             _within(30, lambda: workers.wait_ready(30))
@@ -148,7 +149,7 @@ def test_moe_experts_split_and_uneven_tp_is_refused():
 
 
 def test_a_rank_error_before_any_collective_keeps_the_workers():
-    with Workers(tp=2, preset="tiny-random", threads=1) as workers:
+    with Workers(EngineOptions(tp=2, preset="tiny-random", threads=1)) as workers:
         workers.start()
         workers.wait_ready(60)
         with pytest.raises(UserError, match="prompt tokens must be ints"):
@@ -158,7 +159,7 @@ def test_a_rank_error_before_any_collective_keeps_the_workers():
 
 
 def test_a_killed_rank_is_named_and_nothing_hangs_or_stays():
-    with Workers(tp=2, preset="shipped", threads=1) as workers:
+    with Workers(EngineOptions(tp=2, preset="shipped", threads=1)) as workers:
         workers.start()
         workers.wait_ready(60)
         pids = workers.pids
@@ -175,7 +176,7 @@ def test_a_killed_rank_is_named_and_nothing_hangs_or_stays():
 
 
 def test_a_rank_killed_mid_generation_is_named():
-    with Workers(tp=2, preset="shipped", mode="ar", threads=1) as workers:
+    with Workers(EngineOptions(tp=2, preset="shipped", mode="ar", threads=1)) as workers:
         workers.start()
         workers.wait_ready(60)
         pids = workers.pids
@@ -190,7 +191,7 @@ def test_a_rank_killed_mid_generation_is_named():
 
 
 def test_close_leaves_no_process_even_while_loading():
-    workers = Workers(tp=2, preset="shipped", threads=1)
+    workers = Workers(EngineOptions(tp=2, preset="shipped", threads=1))
     workers.start()
     pids = workers.pids
     _within(15, workers.close)
@@ -200,8 +201,36 @@ def test_close_leaves_no_process_even_while_loading():
 
 
 def test_the_longest_prompt_follows_the_engines_rule():
-    with Workers(tp=1, preset="tiny-random", threads=1) as workers:
+    with Workers(EngineOptions(tp=1, preset="tiny-random", threads=1)) as workers:
         workers.start()
         workers.wait_ready(60)
         block = workers.limits["block"]
         assert workers.max_prompt_tokens(16) == workers.limits["max_seq_len"] - 1 - growth("spec", 16, 32, block)
+
+
+def test_the_engine_options_are_declared_once_and_the_engine_runs_what_they_name():
+    """EngineOptions' choices are the engine's own; its flags parse back into the same options; a bad
+    value names its flag; the server's parser imports no torch (its ranks start before torch loads)."""
+    import argparse
+    import subprocess
+    import sys
+    from dataclasses import fields
+
+    from perfkit import engineoptions
+    from perfkit.engine import checkpoints
+    from perfkit.experiment.records import served
+    from perfkit.kernels import tree_build, verify_mask
+
+    assert engineoptions.MASKS == tuple(verify_mask.BUILDERS) and engineoptions.TREES == tuple(tree_build.BUILDERS)
+    assert engineoptions.DTYPES == tuple(checkpoints.DTYPES) and checkpoints.PRESETS is engineoptions.PRESETS
+    assert set(served.STARTED_WITH) <= {f.name for f in fields(EngineOptions)}
+    parser = argparse.ArgumentParser()
+    EngineOptions.add_arguments(parser)
+    options = EngineOptions(tp=2, preset="tiny-random", mode="ar", mask="naive", tree="heap", threads=3)
+    assert EngineOptions.from_args(parser.parse_args(options.argv())) == options
+    assert EngineOptions.from_args(parser.parse_args([])) == EngineOptions()
+    for bad, flag in (({"tp": 0}, "--tp"), ({"mask": "dense"}, "--mask"), ({"threads": 0}, "--threads")):
+        with pytest.raises(UserError, match=flag):
+            EngineOptions(**bad).checked()
+    code = "import sys\nfrom perfkit.engine import cli\ncli._parser()\nprint('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

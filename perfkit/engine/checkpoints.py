@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from perfkit.engineoptions import PRESETS
 from perfkit.errors import UserError
 from perfkit.files import write_atomic
 
@@ -86,8 +87,7 @@ def load_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], dict, dict]
 
 # --- presets ---------------------------------------------------------------------------------------
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-PRESETS = ("shipped", "tiny-random", "moe-random")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # engineoptions.DTYPES, each its torch dtype
 
 
 def _random_configs(preset: str):

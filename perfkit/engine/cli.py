@@ -21,11 +21,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    """Every choice comes from the constant that defines it, so a new builder or preset shows up here."""
+    """Every choice comes from the constant that defines it, so a new builder or preset shows up here.
+    Nothing here imports torch: `serve` starts its ranks (which import it, in parallel) first."""
     from perfkit.engine.benchmarks import SECTIONS
-    from perfkit.engine.checkpoints import DTYPES, PRESETS
-    from perfkit.engine.decode import FILLS, MODES
-    from perfkit.kernels import tree_build, verify_mask
+    from perfkit.engineoptions import DEVICES, DTYPES, FILLS, MASKS, MODES, PRESETS, TREES
 
     top = _Parser(prog="perfkit engine", description="The bundled speculative-decoding engine.")
     sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -36,10 +35,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--batch", type=int, default=1)
     b.add_argument("--budget", type=int, default=32, help="draft tree nodes per step")
     b.add_argument("--mode", choices=MODES, default="spec")
-    b.add_argument("--mask", choices=tuple(verify_mask.BUILDERS), default="compact")
-    b.add_argument("--tree", choices=tuple(tree_build.BUILDERS), default="vectorized")
-    b.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    b.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
+    b.add_argument("--mask", choices=MASKS, default="compact")
+    b.add_argument("--tree", choices=TREES, default="vectorized")
+    b.add_argument("--device", choices=DEVICES, default="cpu")
+    b.add_argument("--dtype", choices=DTYPES, default="fp32")
     b.add_argument("--preset", choices=PRESETS, default="shipped")
     b.add_argument(
         "--fill",
@@ -56,14 +55,14 @@ def _parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("benchmarks", help="spec vs AR, tree build and mask build figures, side by side")
     m.add_argument("--quick", action="store_true", help="fewer repeats and prompts")
-    m.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    m.add_argument("--device", choices=DEVICES, default="cpu")
     m.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     m.add_argument(
         "--only", action="append", choices=tuple(SECTIONS), help="just these sections (repeatable; default: all)"
     )
     m.add_argument("--json", action="store_true")
 
-    _serve_parser(sub, MODES, DTYPES, PRESETS)
+    _serve_parser(sub)
 
     sub.add_parser(
         "train", help="train the shipped target and drafter (deterministic); see `train --help`", add_help=False
@@ -71,26 +70,13 @@ def _parser() -> argparse.ArgumentParser:
     return top
 
 
-def _serve_parser(sub, modes, dtypes, presets) -> None:
-    from perfkit.kernels import tree_build, verify_mask
+def _serve_parser(sub) -> None:
+    from perfkit.engineoptions import EngineOptions
 
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over tensor-parallel rank processes")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, one process each")
-    s.add_argument("--preset", choices=presets, default="shipped")
-    s.add_argument("--mode", choices=modes, default="spec")
-    s.add_argument("--budget", type=int, default=32, help="draft tree nodes per step")
-    s.add_argument("--mask", choices=tuple(verify_mask.BUILDERS), default="compact")
-    s.add_argument("--tree", choices=tuple(tree_build.BUILDERS), default="vectorized")
-    s.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    s.add_argument("--dtype", choices=tuple(dtypes), default="fp32")
-    s.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads per rank (default: OMP_NUM_THREADS, else the CPUs, over tp)",
-    )
+    EngineOptions.add_arguments(s)  # what every rank loads and decodes with, declared once
     s.add_argument(
         "--chunk", choices=("step", "token"), default="step", help="a streamed chunk per decode step or per token"
     )
@@ -118,7 +104,7 @@ def main(argv: list[str]) -> int:
             args = _parser().parse_args(argv)
         except SystemExit as exc:  # --help
             return int(exc.code or 0)
-        if getattr(args, "threads", None) is not None:
+        if args.command in ("bench", "benchmarks") and args.threads is not None:  # serve's are each rank's
             import torch
 
             _positive("threads", args.threads)
@@ -155,8 +141,7 @@ def main(argv: list[str]) -> int:
         if args.command == "serve":
             from perfkit.engine.serve import serve
 
-            for name in ("tp", "budget", "max_batch"):
-                _positive(name.replace("_", "-"), getattr(args, name))
+            _positive("max-batch", args.max_batch)
             if args.port < 0 or not args.batch_wait_ms >= 0:
                 raise UserError("--port and --batch-wait-ms must be >= 0")
 

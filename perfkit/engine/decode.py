@@ -31,6 +31,7 @@ from perfkit.engine import data
 from perfkit.engine.drafter import BlockDrafter
 from perfkit.engine.model import KVCache, Transformer
 from perfkit.engine.sampling import choose
+from perfkit.engineoptions import FILLS, check_choices
 from perfkit.errors import UserError
 from perfkit.kernels import tree_build, verify_mask
 from perfkit.phases import STEP
@@ -41,9 +42,6 @@ __all__ = ["Engine", "GenerateResult", "PREFILL_CHUNK", "APPROX_HEAD", "APPROX_T
 PREFILL_CHUNK = 512  # prefill tokens per forward: memory O(chunk * context), not O(context^2)
 APPROX_HEAD = 256  # approximate fill: tokens prefilled for real at the start, then tiled
 APPROX_TAIL = 64  # approximate fill: last tokens prefilled for real over the filled cache
-
-MODES = ("spec", "ar")
-FILLS = ("prefill", "approx")
 
 
 def growth(mode: str, max_new_tokens: int, budget: int, block: int) -> int:
@@ -101,16 +99,6 @@ class GenerateResult:
     @property
     def prefill_tok_s(self) -> float:
         return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else float("nan")
-
-
-def check_choices(*, mode: str, tree: str, mask: str) -> None:
-    """UserError unless the decode mode, tree builder and mask builder are ones the engine has."""
-    if mode not in MODES:
-        raise UserError(f"mode must be one of {MODES}, got {mode!r}")
-    if tree not in tree_build.BUILDERS:
-        raise UserError(f"tree must be one of {tuple(tree_build.BUILDERS)}, got {tree!r}")
-    if mask not in verify_mask.BUILDERS:
-        raise UserError(f"mask must be one of {tuple(verify_mask.BUILDERS)}, got {mask!r}")
 
 
 class Engine:

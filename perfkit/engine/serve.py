@@ -48,6 +48,7 @@ from perfkit.engine import data
 from perfkit.engine.api import Failure, chat_prompt, params, prompt_tokens
 from perfkit.engine.bench import APPROX_FROM
 from perfkit.engine.workers import RankError, Workers
+from perfkit.engineoptions import EngineOptions
 from perfkit.errors import UserError
 from perfkit.paths import git_try
 
@@ -165,7 +166,7 @@ class State:
     def __init__(self, args, workers: Workers):
         self.args, self.workers = args, workers
         self.scheduler = Scheduler(workers, max_batch=args.max_batch, wait_s=args.batch_wait_ms / 1e3)
-        self.model = f"perfkit-{args.preset}"
+        self.model = f"perfkit-{workers.options.preset}"
         self.status = "loading"  # loading | ready | failed | stopping
         self.reason = ""
         self.exit_code = 0
@@ -217,7 +218,7 @@ class State:
         self.status = "ready"
         ranks = ", ".join(f"pid {pid} rank {rank}" for rank, pid in enumerate(self.workers.pids))
         url = f"http://{self.args.host}:{self.args.port}"
-        print(f"perfkit engine serve: ready at {url} (tp {self.args.tp}, ranks {ranks})", flush=True)
+        print(f"perfkit engine serve: ready at {url} (tp {self.workers.tp}, ranks {ranks})", flush=True)
 
     def stop(self) -> None:
         """Refuse requests, fail the queued ones, close the ranks (in a thread: this may be a signal handler)."""
@@ -306,7 +307,7 @@ async def _body(request) -> dict:
 
 def _check_model(state: State, body: dict) -> None:
     model = body.get("model")
-    if model is not None and model not in (state.model, state.args.preset):
+    if model is not None and model not in (state.model, state.workers.options.preset):
         raise Failure(404, f"The model `{model}` does not exist; this server has `{state.model}`", "model")
 
 
@@ -356,7 +357,9 @@ def _app(state: State):
 
     async def models(request):
         card = {"id": state.model, "object": "model", "created": CREATED, "owned_by": "perfkit"}
-        card.update(root=state.args.preset, parent=None, max_model_len=state.workers.limits.get("max_seq_len"))
+        card.update(
+            root=state.workers.options.preset, parent=None, max_model_len=state.workers.limits.get("max_seq_len")
+        )
         return state.json({"object": "list", "data": [{**card, "perfkit": state.engine()}]})
 
     async def stats(request):
@@ -405,8 +408,7 @@ def _app(state: State):
 def serve(args) -> int:
     """Run the server until SIGTERM or SIGINT (exit status 0), or until the ranks fail to start (1)."""
     uvicorn = _deps()
-    names = ("tp", "preset", "device", "dtype", "mode", "budget", "threads", "mask", "tree")
-    state = State(args, Workers(**{name: getattr(args, name) for name in names}))
+    state = State(args, Workers(EngineOptions.from_args(args)))
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):

@@ -1,6 +1,6 @@
 """Rank processes: the engine behind `perfkit engine serve`, one process per tensor-parallel rank.
 
-    workers = Workers(tp=2, preset="shipped")
+    workers = Workers(EngineOptions(tp=2, preset="shipped"))
     workers.start()                                   # returns at once; the ranks load in parallel
     workers.wait_ready(timeout=120)
     summary = workers.generate([[104, 105]], max_new_tokens=32, on_tokens=print)
@@ -12,6 +12,10 @@ seed=0)`, then `tp.shard`) and a pipe to the parent. A job goes to every rank ov
 rather than through a collective, because an idle rank waiting in a collective would hit the
 group's timeout. Every rank runs `Engine.generate` with the same arguments; rank 0 sends each
 step's tokens, then every rank says it is done (rank 0 with the summary).
+
+The pipe speaks the small dataclasses below, one per message: `Ready`, `Step`, `Done` and `Failed`
+from a rank, `Job` to it (a rank stops when its pipe closes, or on SIGTERM). Nothing here imports
+torch: the parent starts the ranks at once, and each imports it for itself, in parallel.
 
 A dead rank never hangs the parent: the parent waits on every rank's pipe at once, a pipe closes
 when its rank dies (killed, out of memory, crashed), and the parent then kills the others (they
@@ -30,11 +34,13 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass, replace
 from multiprocessing import connection
 from pathlib import Path
 
 from perfkit.endpoints import free_port
 from perfkit.engine.bench import APPROX_FROM
+from perfkit.engineoptions import EngineOptions
 from perfkit.errors import PerfkitError, UserError
 
 __all__ = ["Workers", "RankError", "RankDied", "COLLECTIVE_TIMEOUT_S"]
@@ -42,8 +48,56 @@ __all__ = ["Workers", "RankError", "RankDied", "COLLECTIVE_TIMEOUT_S"]
 COLLECTIVE_TIMEOUT_S = 120.0  # a rank gives up on a peer that has not joined a collective after this
 ERROR_GRACE_S = 10.0  # after one rank reports an error, how long the others have to report theirs
 PEER_DEATH_S = 1.0  # how long a rank's collective error waits for a peer's death to show
-FILLS = ("auto", "prefill", "approx")  # the engine's, and auto: approx from APPROX_FROM prompt tokens on
 _RANK_CODE = "from perfkit.engine.workers import _rank_main; _rank_main()"
+
+
+# --- what the pipe carries -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A rank has loaded, sharded and joined its group."""
+
+    pid: int
+    device: str
+    max_seq_len: int
+    block: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """Rank 0: the tokens each request gained in a decode step (the first token, then each step's)."""
+
+    tokens: list[list[int]]
+
+
+@dataclass(frozen=True)
+class Done:
+    """A rank finished its job; rank 0 carries the summary (`_summary`), the others None."""
+
+    summary: dict | None
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A rank's job or start-up raised. `usable`: it raised before entering any collective, so no
+    peer waits on it and the workers may go on; `user`: a UserError (the request's fault)."""
+
+    user: bool
+    text: str
+    trace: str
+    usable: bool
+
+
+@dataclass(frozen=True)
+class Job:
+    """One `Engine.generate` for every rank."""
+
+    prompts: list[list[int]]
+    max_new_tokens: int
+    temperature: float
+    seed: int
+    fill: str
 
 
 class RankError(PerfkitError):
@@ -55,50 +109,17 @@ class RankDied(RankError):
 
 
 class Workers:
-    """`tp` rank processes serving one engine; one `generate` at a time. `identity` says which engine:
-    preset, tp, mode, budget, mask, tree (Engine.generate's builders), device, dtype, fill, version."""
+    """`options.tp` rank processes serving one engine; one `generate` at a time. `identity` says which
+    engine: every field of its options (threads resolved, per rank) and perfkit's version."""
 
-    def __init__(
-        self,
-        *,
-        tp: int = 1,
-        preset: str = "shipped",
-        device: str = "cpu",
-        dtype: str = "fp32",
-        mode: str = "spec",
-        budget: int = 32,
-        threads: int | None = None,
-        fill: str = "auto",
-        mask: str = "compact",
-        tree: str = "vectorized",
-        stderr=None,
-    ):
+    def __init__(self, options: EngineOptions, *, stderr=None):
         from perfkit import __version__
-        from perfkit.engine.decode import check_choices
 
-        for name, value in (("tp", tp), ("budget", budget), ("threads", 1 if threads is None else threads)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise UserError(f"{name} must be a positive int, got {value!r}")
-        check_choices(mode=mode, tree=tree, mask=mask)  # before any rank starts, as each rank's engine would
-        if fill not in FILLS:
-            raise UserError(f"fill must be one of {FILLS}, got {fill!r}")
-        self.tp = tp
-        self.fill = fill
-        self.identity = dict(
-            preset=preset,
-            tp=tp,
-            mode=mode,
-            budget=budget,
-            mask=mask,
-            tree=tree,
-            device=str(device),
-            dtype=dtype,
-            fill=fill,
-            version=__version__,
-        )
+        options = options.checked()  # before any rank starts, as each rank's engine would
+        self.options = replace(options, threads=options.threads or max(1, _threads() // options.tp))
+        self.tp = options.tp
+        self.identity = {**self.options.asdict(), "version": __version__}
         self.limits: dict = {}  # rank 0's model limits once ready: max_seq_len, block (see max_prompt_tokens)
-        self.threads = threads or max(1, _threads() // tp)
-        self.identity["threads"] = self.threads  # per rank
         self._stderr = stderr
         self._procs: list[subprocess.Popen] = []
         self._conns: list[connection.Connection] = []
@@ -124,7 +145,7 @@ class Workers:
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             if self.identity["device"] == "cpu":
                 env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host
-            config = dict(self.identity, rank=rank, fd=theirs.fileno(), parent=os.getpid(), threads=self.threads)
+            config = dict(options=self.options.asdict(), rank=rank, fd=theirs.fileno(), parent=os.getpid())
             proc = subprocess.Popen(
                 [sys.executable, "-c", _RANK_CODE, json.dumps(config)],
                 env=env,
@@ -153,20 +174,20 @@ class Workers:
                 for rank, message in self._receive(left):
                     self._starting(rank, message)
 
-    def _starting(self, rank: int, message: tuple) -> None:
-        if message[0] == "ready":
+    def _starting(self, rank: int, message: Ready | Failed) -> None:
+        if isinstance(message, Ready):
             self._ready.add(rank)
             if rank == 0:
-                self.limits = {key: message[1][key] for key in ("max_seq_len", "block")}
-        elif message[0] == "error":
+                self.limits = {"max_seq_len": message.max_seq_len, "block": message.block}
+        elif isinstance(message, Failed):
             self._rank_failed(rank, message, during="start-up")
 
     def max_prompt_tokens(self, max_new_tokens: int) -> int:
         """The longest prompt that leaves room for `max_new_tokens` (Engine.generate's rule); needs ready."""
         from perfkit.engine.decode import growth
 
-        mode, budget = self.identity["mode"], self.identity["budget"]
-        return self.limits["max_seq_len"] - 1 - growth(mode, max_new_tokens, budget, self.limits["block"])
+        block = self.limits["block"]
+        return self.limits["max_seq_len"] - 1 - growth(self.options.mode, max_new_tokens, self.options.budget, block)
 
     @property
     def ready(self) -> bool:
@@ -226,16 +247,14 @@ class Workers:
         accept_lengths, prefill_s, ttft_s, decode_s, decode_tok_s, fill, prompt_tokens,
         generated_tokens, experts_touched. With fill "auto", prompts of APPROX_FROM tokens or more
         use the approximate fill, which needs prompts of equal length."""
-        job = dict(
-            prompts=prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, fill=self._fill(prompts)
-        )
+        job = Job(prompts, max_new_tokens, temperature, seed, self._fill(prompts))
         with self._lock:
             self._raise_if_dead()
             if len(self._ready) < self.tp:
                 raise UserError("the workers are not ready yet (wait_ready first)")
             for rank, conn in enumerate(self._conns):
                 try:
-                    conn.send(("job", job))
+                    conn.send(job)
                 except OSError:
                     self._raise_died(rank)
             return self._collect(on_tokens)
@@ -244,7 +263,8 @@ class Workers:
         if not isinstance(prompts, list) or not prompts or not all(isinstance(p, list) and p for p in prompts):
             raise UserError("prompts must be a non-empty list of non-empty token lists")
         lengths = sorted({len(p) for p in prompts})
-        fill = self.fill if self.fill != "auto" else ("approx" if lengths[-1] >= APPROX_FROM else "prefill")
+        fill = self.options.fill
+        fill = fill if fill != "auto" else ("approx" if lengths[-1] >= APPROX_FROM else "prefill")
         if fill == "approx" and len(lengths) > 1:
             raise UserError(
                 f"the approximate fill (--fill auto from {APPROX_FROM} prompt tokens on) needs prompts of "
@@ -255,7 +275,7 @@ class Workers:
     def _collect(self, on_tokens) -> dict:
         """Messages of one job until every rank is done; step tokens go to on_tokens."""
         done: dict[int, dict | None] = {}
-        errors: dict[int, tuple] = {}
+        errors: dict[int, Failed] = {}
         first_error = None
         callback_error = None
         while len(done) + len(errors) < self.tp:
@@ -264,21 +284,21 @@ class Workers:
             if not got and first_error is not None:
                 break  # a rank raised and another did not: it may be waiting in a collective
             for rank, message in got:
-                if message[0] == "step" and callback_error is None:
+                if isinstance(message, Step) and callback_error is None:
                     try:
-                        on_tokens(message[1])
+                        on_tokens(message.tokens)
                     except Exception as exc:  # keep reading the job's messages, then re-raise
                         callback_error = exc
-                elif message[0] == "done":
-                    done[rank] = message[1]
-                elif message[0] == "error":
+                elif isinstance(message, Done):
+                    done[rank] = message.summary
+                elif isinstance(message, Failed):
                     errors[rank] = message
                     first_error = first_error or time.monotonic()
-                    if not message[4]:  # it had entered a collective: its peers are stuck
+                    if not message.usable:  # it had entered a collective: its peers are stuck
                         self._rank_failed(rank, message, during="generation")
         if errors:
             rank = min(errors)
-            if len(errors) < self.tp or not all(m[4] for m in errors.values()):
+            if len(errors) < self.tp or not all(m.usable for m in errors.values()):
                 self._rank_failed(rank, errors[rank], during="generation")
             raise _error(errors[rank])
         if callback_error is not None:
@@ -287,7 +307,7 @@ class Workers:
 
     # --- messages and failures --------------------------------------------------------------------
 
-    def _receive(self, timeout: float | None) -> list[tuple[int, tuple]]:
+    def _receive(self, timeout: float | None) -> list[tuple[int, Ready | Step | Done | Failed]]:
         """(rank, message) for each message that arrives within `timeout`; RankDied when a rank's
         pipe closes (its process ended)."""
         try:
@@ -317,11 +337,11 @@ class Workers:
         self._fail(self._death(rank), RankDied)
         raise self._dead_as(self._dead)
 
-    def _rank_failed(self, rank: int, message: tuple, *, during: str):
+    def _rank_failed(self, rank: int, message: Failed, *, during: str):
         """A rank's error left the group unusable: record it, stop every rank, raise it. When a
         peer was killed (the error is then only its echo: a collective lost that peer), the peer's
         death is what is raised."""
-        deadline = time.monotonic() + (0.0 if message[1] else PEER_DEATH_S)  # a UserError is never an echo
+        deadline = time.monotonic() + (0.0 if message.user else PEER_DEATH_S)  # a UserError is never an echo
         while True:
             killed = [r for r, p in enumerate(self._procs) if r != rank and (p.poll() or 0) < 0]
             if killed:
@@ -331,7 +351,7 @@ class Workers:
             time.sleep(0.05)
         pid = self._procs[rank].pid
         self._fail(
-            f"rank {rank} (pid {pid}) failed during {during}: {message[2]}", UserError if message[1] else RankError
+            f"rank {rank} (pid {pid}) failed during {during}: {message.text}", UserError if message.user else RankError
         )
         raise _error(message, f"rank {rank} (pid {pid}): ")
 
@@ -351,10 +371,11 @@ class Workers:
             raise self._dead_as(self._dead)
 
 
-def _error(message: tuple, prefix: str = "") -> Exception:
-    """The parent's exception for a rank's ("error", is_user, text, traceback, usable) message."""
-    _, user, text, trace, _ = message
-    return UserError(prefix + text) if user else RankError(f"{prefix}{text}\n{trace}".rstrip())
+def _error(message: Failed, prefix: str = "") -> Exception:
+    """The parent's exception for a rank's Failed message."""
+    if message.user:
+        return UserError(prefix + message.text)
+    return RankError(f"{prefix}{message.text}\n{message.trace}".rstrip())
 
 
 def _terminate(procs: list[subprocess.Popen], grace: float) -> None:
@@ -390,30 +411,31 @@ def _threads() -> int:
 def _rank_main() -> None:
     """A rank's life: load, shard, join the group, say ready, then run jobs until told to stop."""
     config = json.loads(sys.argv[1])
+    options = EngineOptions(**config["options"])
     conn = connection.Connection(config["fd"])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # exit normally: profile summaries print
     _watch_parent(config["parent"])
     try:
-        engine, reduce = _load(config)
+        engine, reduce = _load(options, config["rank"])
     except Exception as exc:
-        conn.send(("error", *_describe(exc), True))
+        conn.send(_failed(exc, usable=True))
         sys.exit(1)
-    limits = {"max_seq_len": engine.target.config.max_seq_len, "block": engine.drafter.config.block}
-    conn.send(("ready", {"pid": os.getpid(), "device": str(engine.device), **limits}))
-    _serve(conn, engine, reduce, config)
+    target, drafter = engine.target.config, engine.drafter.config
+    conn.send(Ready(os.getpid(), str(engine.device), target.max_seq_len, drafter.block))
+    _serve(conn, engine, reduce, options, first=config["rank"] == 0)
 
 
-def _load(config: dict):
+def _load(options: EngineOptions, rank: int):
     import torch
 
     from perfkit.engine import tp
     from perfkit.engine.checkpoints import load_engine
 
-    torch.set_num_threads(config["threads"])
-    rank, world = config["rank"], config["tp"]
-    device = tp.local_device(config["device"], world)
-    engine = load_engine(config["preset"], device=device, dtype=config["dtype"], seed=0)
+    torch.set_num_threads(options.threads)
+    world = options.tp
+    device = tp.local_device(options.device, world)
+    engine = load_engine(options.preset, device=device, dtype=options.dtype, seed=0)
     reduce = tp.AllReduce() if world > 1 else None
     tp.shard(engine, rank, world, reduce=reduce)
     if world > 1:
@@ -422,43 +444,40 @@ def _load(config: dict):
     return engine, reduce
 
 
-def _serve(conn, engine, reduce, config: dict) -> None:
-    first = config["rank"] == 0
+def _serve(conn, engine, reduce, options: EngineOptions, *, first: bool) -> None:
     while True:
         try:
-            kind, job = conn.recv()
+            job = conn.recv()
         except EOFError:
-            return
-        if kind == "stop":
             return
         entered = reduce.calls if reduce is not None else 0
         try:
             result = engine.generate(
-                job["prompts"],
-                max_new_tokens=job["max_new_tokens"],
-                mode=config["mode"],
-                budget=config["budget"],
-                tree=config["tree"],
-                mask=config["mask"],
-                fill=job["fill"],
-                temperature=job["temperature"],
-                seed=job["seed"],
-                on_step=(lambda tokens: conn.send(("step", tokens))) if first else None,
+                job.prompts,
+                max_new_tokens=job.max_new_tokens,
+                mode=options.mode,
+                budget=options.budget,
+                tree=options.tree,
+                mask=options.mask,
+                fill=job.fill,
+                temperature=job.temperature,
+                seed=job.seed,
+                on_step=(lambda tokens: conn.send(Step(tokens))) if first else None,
             )
         except Exception as exc:
             usable = reduce is None or reduce.calls == entered  # no peer waits on us in a collective
-            conn.send(("error", *_describe(exc), usable))
+            conn.send(_failed(exc, usable=usable))
             if not usable:
                 sys.exit(1)
             continue
-        conn.send(("done", _summary(result) if first else None))
+        conn.send(Done(_summary(result) if first else None))
 
 
-def _describe(exc: Exception) -> tuple[bool, str, str]:  # a message is ("error", *these, usable)
-    """(is a UserError, message, traceback) of an exception, for the parent."""
+def _failed(exc: Exception, *, usable: bool) -> Failed:
+    """An exception, for the parent: a UserError's message alone, anything else with its traceback."""
     if isinstance(exc, UserError):
-        return True, str(exc), ""
-    return False, f"{type(exc).__name__}: {exc}", traceback.format_exc()
+        return Failed(True, str(exc), "", usable)
+    return Failed(False, f"{type(exc).__name__}: {exc}", traceback.format_exc(), usable)
 
 
 def _summary(result) -> dict:

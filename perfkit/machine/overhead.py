@@ -175,5 +175,5 @@ def serving_report(url: str, *, requests: int) -> str:
 
     if url != "start":
         return serving.overhead(url, requests=requests)["text"]
-    with serving.Server(tp=1, preset="tiny-random", args=("--chunk", "token")) as server:
+    with serving.Server(serving.EngineOptions(preset="tiny-random"), args=("--chunk", "token")) as server:
         return serving.overhead(server.url, requests=requests, gen=128)["text"]

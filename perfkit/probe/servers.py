@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.endpoints import free_port, get_json, identity
+from perfkit.engineoptions import EngineOptions
 from perfkit.errors import UserError
 
 STARTUP_TIMEOUT_S = 600.0  # loading weights and spawning TP ranks on a busy CPU takes a while
@@ -67,16 +68,15 @@ def _group_alive(pgid: int) -> bool:
 
 @dataclass
 class Server:
-    """`perfkit engine serve` run as a subprocess: `with Server(tp=2) as s: run(s.url, ...)`.
+    """`perfkit engine serve` run as a subprocess: `with Server(EngineOptions(tp=2)) as s: run(s.url, ...)`.
 
-    `args` are further `serve` arguments (e.g. ["--chunk", "token"]); `env` is added to this
-    process's environment (e.g. {"PERFKIT_PROFILE": "1"}); the log goes to `log_dir` (a new temporary
-    folder when None) and stays there after the server stops.
+    `options` is what every rank loads and decodes with; `args` are further `serve` arguments of the
+    server itself (e.g. ["--chunk", "token"]); `env` is added to this process's environment (e.g.
+    {"PERFKIT_PROFILE": "1"}); the log goes to `log_dir` (a new temporary folder when None) and stays
+    there after the server stops.
     """
 
-    tp: int = 2
-    preset: str = "shipped"
-    mode: str = "spec"
+    options: EngineOptions = field(default_factory=EngineOptions)
     args: tuple[str, ...] = ()
     env: dict[str, str] | None = None
     log_dir: str | os.PathLike | None = None
@@ -99,12 +99,13 @@ class Server:
     def command(self, port: int) -> list[str]:
         """The command line that starts the server on `port`."""
         head = [sys.executable, "-m", "perfkit.engine.cli", "serve", "--host", self.host, "--port", str(port)]
-        return head + ["--tp", str(self.tp), "--preset", self.preset, "--mode", self.mode, *self.args]
+        return head + self.options.argv() + list(self.args)
 
     def start(self) -> Server:
         """Start the server and wait until `/health` answers 200; on failure, stop it and raise with the log's tail."""
         if self._process is not None:
             raise UserError(f"this server was already started (pid {self.pid})")
+        self.options.checked()  # a bad option is the caller's error here, not a server that exits
         folder = Path(self.log_dir) if self.log_dir is not None else Path(tempfile.mkdtemp(prefix="perfkit-serve-"))
         folder.mkdir(parents=True, exist_ok=True)
         port = free_port(self.host)
@@ -234,25 +235,23 @@ class Remote:
 @contextlib.contextmanager
 def server(
     url: str = "",
+    options: EngineOptions | None = None,
     *,
-    tp: int = 2,
-    preset: str = "shipped",
-    mode: str = "spec",
     args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     log_dir: str | os.PathLike | None = None,
     startup_timeout: float = STARTUP_TIMEOUT_S,
 ) -> Iterator[Server | Remote]:
-    """The server a probe drives: `url` as is (checked with /v1/models), or, when empty, one started here.
-
-    The other arguments describe the server to start; with a `url` they are not used.
-    """
+    """The server a probe drives: `url` as is (checked with /v1/models), or, when empty, one started here
+    with `options` (the engine's defaults when None) and the server's own `args`; with a `url` those are
+    not used."""
     url = (url or "").strip().rstrip("/")
     if url:
         identity(url)  # raises, naming the URL, when nothing answers
         yield Remote(url)
         return
-    with Server(
-        tp=tp, preset=preset, mode=mode, args=tuple(args), env=env, log_dir=log_dir, startup_timeout=startup_timeout
-    ) as started:
+    started = Server(
+        options or EngineOptions(), args=tuple(args), env=env, log_dir=log_dir, startup_timeout=startup_timeout
+    )
+    with started:
         yield started

@@ -1,6 +1,6 @@
 """perfkit.serving: drive an OpenAI-compatible server and time each request as serving benchmarks do.
 
-    with serving.server(server_url, tp=2, preset="shipped") as srv:
+    with serving.server(server_url, serving.EngineOptions(tp=2, preset="shipped")) as srv:
         results = serving.run(srv.url, context=512, gen=64, concurrency=4)
     serving.record(results, at={"ctx": 512})
 
@@ -49,6 +49,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from perfkit import units
+from perfkit.engineoptions import EngineOptions
 from perfkit.errors import UserError
 from perfkit.probe import recording
 from perfkit.probe.servers import Remote, Server, identity, server
@@ -56,6 +57,7 @@ from perfkit.probe.streams import Stream, Target, chunk_tokens, load_aiohttp, re
 from perfkit.probe.workload import arrival_times, make_prompts
 
 __all__ = [
+    "EngineOptions",
     "RequestResult",
     "Remote",
     "Server",
