@@ -198,17 +198,24 @@ def _within_budget(ctx: RunContext, grown: dict[str, int]) -> dict[str, int] | N
     return None if counts == ctx.plan.replicates else counts
 
 
-def _bring_back(ctx: RunContext) -> bool:
+def _pace(ctx: RunContext) -> float:
+    """Seconds the first round took per second forecast (1: as forecast), read as it ends."""
+    first = ctx.first
+    if first is None:
+        return 1.0
+    forecast = first.seconds + first.overhead_s - priors.RUN_S  # the round's replicates and its templates
+    return (time.monotonic() - ctx.started) / max(forecast, 1e-9)
+
+
+def _bring_back(ctx: RunContext, pace: float) -> list[str]:
     """Measure at their minimum, after all, the hypotheses the first round left out for want of time, as
-    many as the budget still holds once the round ran faster than forecast (its costs were measured on a
-    slower day, or before a change made the probes faster): each one's forecast scaled by the round's pace
-    (seconds it took per second forecast). True when executions were added to the plan."""
+    many as the budget still holds once the round and the growth of what it measured ran faster than
+    forecast (its costs were measured on a slower day, or before a change made the probes faster): each
+    one's forecast scaled by the first round's `pace`. The hypotheses added to the plan."""
     first, budget = ctx.first, ctx.policy.budget_s
     if not budget or first is None or first.whole is None or not ctx.left_out:
-        return False
+        return []
     elapsed = time.monotonic() - ctx.started
-    forecast = first.seconds + first.overhead_s - priors.RUN_S  # the round's replicates and its templates
-    pace = elapsed / max(forecast, 1e-9)
     left = budget - elapsed - priors.RUN_S / 2  # the plots and ledger to come
     whole, planned = first.whole, dict(ctx.plan.replicates)
 
@@ -227,12 +234,12 @@ def _bring_back(ctx: RunContext) -> bool:
         back.append(hid)
         planned.update({k: whole.replicates[k] for k in new})
     if not back:
-        return False
+        return []
     for hid in back:
         del ctx.left_out[hid]
     ctx.say(
-        f"[plan]    the first round took {elapsed:.0f} s of the {forecast:.0f} s forecast: measuring after all "
-        f"{', '.join(back)} (at the fewest replicates)"
+        f"[plan]    the first round took {pace:.2f} s a second forecast, its growth ended at {elapsed:.0f} s: "
+        f"measuring after all {', '.join(back)} (at the fewest replicates)"
     )
     ctx.plan = replace(
         ctx.plan,
@@ -240,14 +247,14 @@ def _bring_back(ctx: RunContext) -> bool:
         replicates={x.key: planned[x.key] for x in whole.executions if x.key in planned},
         needs={**ctx.plan.needs, **{hid: whole.needs[hid] for hid in back}},
     )
-    return True
+    return back
 
 
 def measure_and_judge(ctx: RunContext, hypotheses: list[Hypothesis]) -> list[Judged]:
-    """Execute, judge, and look again with more replicates while the policy says more would decide."""
+    """Execute, judge, and look again with more replicates while the policy says more would decide; then,
+    with the time left, measure what the first round left out (what the plan chose first decides first)."""
     schedule.execute(ctx)
-    if _bring_back(ctx):
-        schedule.execute(ctx)
+    pace = _pace(ctx)
     items = judge_all(ctx, hypotheses)
     for look in range(1, ctx.policy.looks):
         grown = ctx.policy.grow(ctx.plan.replicates, ctx.plan.needs, {i.hypothesis.id: i.judgement for i in items})
@@ -261,6 +268,13 @@ def measure_and_judge(ctx: RunContext, hypotheses: list[Hypothesis]) -> list[Jud
         judged_now = {i.hypothesis.id: i for i in judge_all(ctx, hypotheses, look)}
         # a verdict an earlier look decided stands at its level; only those that grew are judged again
         items = [judged_now[i.hypothesis.id] if _grew(ctx, i.hypothesis.id, added) else i for i in items]
+    back = _bring_back(ctx, pace)
+    if back:
+        schedule.execute(ctx)
+        judged_now = {
+            i.hypothesis.id: i for i in judge_all(ctx, [i.hypothesis for i in items if i.hypothesis.id in back])
+        }
+        items = [judged_now.get(i.hypothesis.id, i) for i in items]
     return [
         replace(
             i,
