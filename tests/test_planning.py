@@ -179,7 +179,7 @@ def test_an_execution_left_out_early_comes_back_when_a_dearer_one_left_after_it(
 
 def test_the_forecast_takes_the_median_spread_of_the_last_measurements_not_one_outlier():
     """Three fit quick runs of one record: spreads 0.05, 0.9 (a run on a slowed machine), 0.06. The plan
-    forecasts with 0.06, the median, and the latest estimate; a full run's measurement is another mode."""
+    forecasts with 0.06 and 5.5, the medians; a full run's measurement is another mode."""
     from records import result, run_results
 
     from perfkit.experiment.records import history
@@ -196,6 +196,9 @@ def test_the_forecast_takes_the_median_spread_of_the_last_measurements_not_one_o
     entries = history.history(runs)["h"]
     prior = priors.known(h, entries, quick=True)
     assert prior.value == 5.5 and prior.spread == 0.06 and prior.edges == (None, 10.0) and prior.run_id == "r2"
+    # a last estimate that happened to sit low (9.6, against 5.0 and 6.0 before) is not the forecast's
+    runs.append(run_results("r4", result("h", "confirmed", run_id="r4", measured=measured(9.6, 0.05)), quick=True))
+    assert priors.known(h, history.history(runs)["h"], quick=True).value == 6.0
     assert priors.known(h, entries, quick=False).value == 1.0
     edited = hypothesis(h.expect, id="h")
     assert priors.known(type(edited)(**{**edited.__dict__, "hash": "1"}), entries, quick=True) is None  # another record
