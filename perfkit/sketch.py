@@ -7,6 +7,8 @@ long-running process can afford to keep for each name it times.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right, insort
+from itertools import accumulate
 
 
 class QuantileSketch:
@@ -20,7 +22,7 @@ class QuantileSketch:
     (a duration cannot be negative; a clock can read 0).
     """
 
-    __slots__ = ("alpha", "_inv_log_gamma", "_gamma", "buckets", "zeros", "n", "total", "last")
+    __slots__ = ("alpha", "_inv_log_gamma", "_gamma", "buckets", "zeros", "n", "total", "last", "_keys")
 
     def __init__(self, alpha: float = 0.01):
         if not 0 < alpha < 1:
@@ -33,6 +35,7 @@ class QuantileSketch:
         self.n = 0
         self.total = 0.0
         self.last = math.nan
+        self._keys: list[int] = []  # the occupied buckets in order, kept as they appear (rarely, once warm)
 
     def add(self, x: float) -> None:
         self.n += 1
@@ -84,23 +87,20 @@ class QuantileSketch:
         return self.quantiles(q)[0]
 
     def quantiles(self, *qs: float) -> list[float]:
-        """Several quantiles in one pass over the buckets (a log line asks for p50 and p99 together)."""
+        """Several quantiles from one running count over the buckets in order (a log line asks for p50 and
+        p99 together, every 50 calls of a name: no sort and no Python loop over the buckets per line)."""
         if self.n == 0:
             return [math.nan] * len(qs)
-        wanted = sorted((round(q * (self.n - 1)), i) for i, q in enumerate(qs))
-        out = [math.nan] * len(qs)
-        j = 0
-        while j < len(wanted) and wanted[j][0] < self.zeros:
-            out[wanted[j][1]] = 0.0
-            j += 1
-        seen = self.zeros
-        for k in sorted(self.buckets):
-            seen += self.buckets[k]
-            while j < len(wanted) and wanted[j][0] < seen:
-                out[wanted[j][1]] = 2 * self._gamma**k / (self._gamma + 1)  # within alpha of every value in it
-                j += 1
-            if j == len(wanted):
-                break
+        buckets, keys = self.buckets, self._keys
+        if len(keys) != len(buckets):  # buckets appeared since: put them in their places
+            for k in buckets.keys() - set(keys):
+                insort(keys, k)
+        cumulative = list(accumulate(map(buckets.__getitem__, keys), initial=self.zeros))
+        out = []
+        for q in qs:
+            rank = round(q * (self.n - 1))  # nearest rank, 0-based
+            i = bisect_right(cumulative, rank)  # the first bucket whose running count passes the rank
+            out.append(0.0 if i == 0 else 2 * self._gamma ** keys[i - 1] / (self._gamma + 1))  # within alpha of it
         return out
 
     @property
