@@ -173,6 +173,7 @@ class FirstRound:
     overhead_s: float = 0.0  # the run's own forecast cost (templates, plots, ledger), beside `seconds`
     template_s: float = 0.0  # of it, a warm template's start, once per round of replicates (0: none)
     pace_s: float | None = None  # machine.pace as it was planned: the run's results record it
+    odds: dict[str, float] = field(default_factory=dict)  # hypothesis id -> how likely the plan decides it
 
 
 @dataclass(frozen=True)
@@ -284,6 +285,7 @@ def first_round(
         overhead_s=overhead,
         template_s=TEMPLATE_S if setting.warm else 0.0,
         pace_s=setting.pace_s,
+        odds={hid: c.odds for hid, c in choices.items()},
     )
     out.lines = _lines(the_plan, choices, ex, counts, left_out, short)
     for hid, need in left_out.items():

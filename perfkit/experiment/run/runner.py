@@ -211,7 +211,9 @@ def _bring_back(ctx: RunContext, pace: float) -> list[str]:
     """Measure at their minimum, after all, the hypotheses the first round left out for want of time, as
     many as the budget still holds once the round and the growth of what it measured ran faster than
     forecast (its costs were measured on a slower day, or before a change made the probes faster): each
-    one's forecast scaled by the first round's `pace`. The hypotheses added to the plan."""
+    one's forecast scaled by the first round's `pace`, the likeliest decisions per second first (one the
+    plan says sits on its bound comes last: it once took the time a served hypothesis needed to decide).
+    The hypotheses added to the plan."""
     first, budget = ctx.first, ctx.policy.budget_s
     if not budget or first is None or first.whole is None or not ctx.left_out:
         return []
@@ -222,8 +224,12 @@ def _bring_back(ctx: RunContext, pace: float) -> list[str]:
     def cost(hid: str) -> float:
         return pace * sum(whole.replicates[k] * first.per_replicate_s[k] for k in whole.needs[hid] if k not in planned)
 
+    def order(hid: str) -> tuple:
+        odds = first.odds.get(hid, 0.0)
+        return (odds <= 0, cost(hid) / odds if odds > 0 else cost(hid), hid)
+
     back = []
-    for hid in sorted(ctx.left_out, key=lambda h: (cost(h), h)):
+    for hid in sorted(ctx.left_out, key=order):
         new = [k for k in whole.needs[hid] if k not in planned]
         more = cost(hid)
         if not back:  # the templates of the rounds the executions brought back add
