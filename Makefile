@@ -24,8 +24,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)  ## every shipped hypothesis in quick mode; writes runs/<id>/ and hypotheses/LEDGER.md
 	$(BIN)/perfkit run --all --quick
 
-test: $(STAMP) lint  ## lint, then the test suite
-	$(BIN)/python -m pytest -q
+# every run of the suite takes its modules, and the tests inside each, in a shuffled order (pytest-random-order):
+# a test that passes only after another fails somewhere; the seed it prints reruns that order
+TEST_SEED ?= $(shell date +%s)
+
+test: $(STAMP) lint  ## lint, then the test suite, in a shuffled order
+	@echo "tests in a shuffled order: make test TEST_SEED=$(TEST_SEED) repeats it"
+	$(BIN)/python -m pytest -q -p random_order --random-order-bucket=module --random-order-seed=$(TEST_SEED)
 
 lint: $(STAMP)  ## ruff: formatting and lint rules (pyproject.toml); `make format` applies the formatting
 	$(BIN)/ruff format --check --quiet perfkit tests

@@ -718,7 +718,7 @@ def test_a_time_budget_bounds_the_whole_run_and_says_what_did_not_fit(tmp_path):
     assert any(line.startswith("[plan]    fx-cost-confirmed: not measured") for line in lines)
     from perfkit.experiment.records import history
 
-    assert history.attempt_of(h, None) == "not measured: the run's time budget"  # never the standing verdict
+    assert history.attempt_of(h, None) == "the run's time budget"  # never the standing verdict
     roomy, lines = rerun(project, budget_s=600, **edge)
     (h,) = roomy.results.hypotheses
     assert any(line.startswith("undecided: adding replicates (fixture_probe.ipynb") for line in lines)
@@ -729,6 +729,13 @@ def test_a_time_budget_bounds_the_whole_run_and_says_what_did_not_fit(tmp_path):
     none, _ = rerun(project, budget_s=0, **edge)
     (h,) = none.results.hypotheses
     assert len(h.executions) == 2 and h.measured.confidence == pytest.approx(0.95)
+    rerun(project, budget_s=0.001, **edge)  # a later run the budget left out: `diff` says so, once
+    from perfkit.experiment.records import compare, results
+
+    entries = history.history(results.load_all_results(project))["fx-cost-confirmed"]
+    said = compare._attempt(entries, entries[-2], set())
+    assert said.startswith("not measured: the run's time budget: its replicates did not fit"), said
+    assert said.count("not measured") == 1, said
 
 
 def test_costs_from_a_slower_day_are_carried_to_today_and_what_they_left_out_is_measured_after_all(tmp_path):

@@ -7,6 +7,7 @@ as `python -m perfkit.engine.cli <rest>`. Exit status: 0 success, 2 a usage or u
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 
@@ -92,6 +93,8 @@ def _positive(name: str, value: int) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if importlib.util.find_spec("torch") is None:  # every engine command runs on it (serve's ranks too): say so first
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
     try:
         if argv[:1] == ["train"]:  # its options belong to perfkit.engine.train
             from perfkit.engine import train

@@ -24,7 +24,7 @@ from perfkit import units
 from perfkit.errors import UserError
 from perfkit.experiment.records.history import Entry, attempt, history, standing
 from perfkit.experiment.records.results import HypothesisResult, Measured, RunResults, load_all_results
-from perfkit.experiment.records.verdict import UNFIT_REASON
+from perfkit.experiment.records.verdict import NOT_MEASURED, UNFIT_REASON
 from perfkit.files import read_json
 from perfkit.paths import Project, git
 
@@ -214,6 +214,7 @@ def _attempt(runs: list[Entry], shown: Entry, base_runs: set[str]) -> str | None
         return None
     why = attempt(latest)
     said = (latest.result.reason or "").removeprefix(f"{UNFIT_REASON}: ").removeprefix(f"{why}: ")
+    said = said.removeprefix(f"{NOT_MEASURED}: ")  # the budget's reason says it: it is said once, before `why`
     reason = f": {said}" if said and said != why else ""
     return f"not measured: {why}{reason} (run {latest.run_id}); the standing measurement is kept" if why else None
 
