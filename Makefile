@@ -30,7 +30,7 @@ TEST_SEED ?= $(shell date +%s)
 
 test: $(STAMP) lint  ## lint, then the test suite, in a shuffled order
 	@echo "tests in a shuffled order: make test TEST_SEED=$(TEST_SEED) repeats it"
-	$(BIN)/python -m pytest -q -p random_order --random-order-bucket=module --random-order-seed=$(TEST_SEED)
+	$(BIN)/python -m pytest -q --random-order-bucket=module --random-order-seed=$(TEST_SEED)
 
 lint: $(STAMP)  ## ruff: formatting and lint rules (pyproject.toml); `make format` applies the formatting
 	$(BIN)/ruff format --check --quiet perfkit tests
