@@ -58,18 +58,6 @@ def ensure_kernelspec(directory: Path, *, prefix: list[str] | None = None, warm:
     return Path(directory)
 
 
-def _kill(victims: list) -> None:
-    """SIGKILL each psutil process (those already gone are skipped) and wait for them to go."""
-    import psutil
-
-    for victim in victims:
-        try:
-            victim.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(victims, timeout=10)
-
-
 def _kill_tree(proc: subprocess.Popen) -> None:
     """Kill the child, its kernel (which runs in a session of its own) and their children."""
     import psutil
@@ -82,7 +70,7 @@ def _kill_tree(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, 9)
     except ProcessLookupError:
         pass
-    _kill(victims)
+    warm_replicates.kill(victims)
     proc.wait()
 
 
@@ -334,7 +322,7 @@ def _kill_descendants() -> list[str]:
             names.append(f"{proc.name()} (pid {proc.pid})")
         except psutil.NoSuchProcess:
             names.append(f"pid {proc.pid}")
-    _kill(left)
+    warm_replicates.kill(left)
     return names
 
 

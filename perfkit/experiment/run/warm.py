@@ -247,6 +247,13 @@ def _kill_trees(pids: list[int]) -> None:
             victims += [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
             continue
+    kill(victims)
+
+
+def kill(victims: list) -> None:
+    """SIGKILL each psutil process (those already gone are skipped) and wait for them to go."""
+    import psutil
+
     for victim in victims:
         try:
             victim.kill()
