@@ -8,8 +8,8 @@ server reports at `/v1/models` (`Workers.identity`), and the command line a prob
 
 Torch-free, and a leaf: a server's parent process reads it and starts its ranks before it imports
 anything heavy (the ranks import torch in parallel), and a probe or the experiment reads it without
-the engine. The engine's own constants (`decode.MODES`, the kernels' `BUILDERS`, `checkpoints.DTYPES`)
-are these names; a test holds them equal.
+the engine. The engine's own tables (the kernels' `BUILDERS`, `checkpoints.DTYPES`) are keyed by these
+names, and the engine checks its choices with `check_choices`; a test holds the tables and names equal.
 """
 
 from __future__ import annotations

@@ -117,7 +117,6 @@ class Workers:
 
         options = options.checked()  # before any rank starts, as each rank's engine would
         self.options = replace(options, threads=options.threads or max(1, _threads() // options.tp))
-        self.tp = options.tp
         self.identity = {**self.options.asdict(), "version": __version__}
         self.limits: dict = {}  # rank 0's model limits once ready: max_seq_len, block (see max_prompt_tokens)
         self._stderr = stderr
@@ -128,6 +127,10 @@ class Workers:
         self._fail_lock = threading.Lock()
         self._dead: str | None = None
         self._dead_as: type[Exception] = RankDied
+
+    @property
+    def tp(self) -> int:
+        return self.options.tp
 
     # --- life cycle -------------------------------------------------------------------------------
 

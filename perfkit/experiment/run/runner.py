@@ -179,11 +179,11 @@ def _within_budget(ctx: RunContext, grown: dict[str, int]) -> dict[str, int] | N
         if x.wall_s is not None and not x.reused:
             walls.setdefault(x.key, []).append(x.wall_s)
     every = [w for ws in walls.values() for w in ws] or [0.0]
-    keyed = {x.key: x for x in ctx.plan.executions if x.key in grown}
+    growing = [x for x in ctx.plan.executions if grown.get(x.key, 0) > ctx.plan.replicates[x.key]]
     at_once = max(1, ctx.options.at_once())
     seconds = {k: sum(walls.get(k, every)) / len(walls.get(k, every)) / at_once for k in grown}
     left = ctx.policy.budget_s - (time.monotonic() - ctx.started) - priors.RUN_S / 2  # the plots and ledger to come
-    free = {} if ctx.options.force else {k: schedule.stored_replicates(ctx.project, x) for k, x in keyed.items()}
+    free = {} if ctx.options.force else {x.key: schedule.stored_replicates(ctx.project, x) for x in growing}
     counts, left_out = ctx.policy.afford(grown, ctx.plan.replicates, ctx.plan.needs, seconds, left, free=free)
     for hid in ctx.plan.needs:  # the budget's last word on each: left out now, or afforded after all
         if hid in left_out:
