@@ -20,10 +20,22 @@ from typing import Any
 
 from perfkit.errors import UserError
 
-__all__ = ["EngineOptions", "MODES", "FILLS", "MASKS", "TREES", "PRESETS", "DTYPES", "DEVICES", "check_choices"]
+__all__ = [
+    "EngineOptions",
+    "MODES",
+    "FILLS",
+    "APPROX_FROM",
+    "MASKS",
+    "TREES",
+    "PRESETS",
+    "DTYPES",
+    "DEVICES",
+    "check_choices",
+]
 
 MODES = ("spec", "ar")  # tree speculation, or one token a step
 FILLS = ("prefill", "approx")  # how a prompt's cache is filled (a served engine adds "auto")
+APPROX_FROM = 4096  # fill "auto": the approximate fill for prompts of this many tokens or more
 MASKS = ("naive", "compact")  # perfkit.kernels.verify_mask.BUILDERS
 TREES = ("heap", "vectorized")  # perfkit.kernels.tree_build.BUILDERS
 PRESETS = ("shipped", "tiny-random", "moe-random")  # perfkit.engine.checkpoints
@@ -55,7 +67,9 @@ class EngineOptions:
     )
     fill: str = field(
         default="auto",
-        metadata=_option("how a prompt's cache is filled; auto: approx from 4096 prompt tokens", ("auto", *FILLS)),
+        metadata=_option(
+            f"how a prompt's cache is filled; auto: approx from {APPROX_FROM} prompt tokens", ("auto", *FILLS)
+        ),
     )
 
     def checked(self) -> EngineOptions:

@@ -13,6 +13,9 @@ from pathlib import Path
 
 from perfkit.errors import UserError
 
+PACKAGE_DIR = Path(__file__).resolve().parent  # perfkit/ itself, wherever it is installed
+PACKAGE_HOME = PACKAGE_DIR.parent  # the folder holding the perfkit package (a checkout or site-packages)
+
 
 @dataclass(frozen=True)
 class Project:

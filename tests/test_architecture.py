@@ -145,6 +145,37 @@ def room_violations(edges: dict[str, set[str]]) -> list[str]:
     return bad
 
 
+#: The rooms of perfkit/engine, from the bottom: the model (the modules at engine/'s top: model, drafter,
+#: decode, sampling, checkpoints, data) <- serve, training and benchmarks (each a job built on the model;
+#: none imports another) <- cli (the command line over all three). perfkit.kernels sits beside the model.
+ENGINE_ROOMS = {"model": 0, "serve": 1, "training": 1, "benchmarks": 1, "cli": 2}
+
+
+def engine_room(module: str) -> str | None:
+    """The room of a module of perfkit.engine (None: the package itself, or not the engine)."""
+    parts = module.split(".")
+    if parts[:2] != ["perfkit", "engine"] or len(parts) == 2:
+        return None
+    if parts[2] in ENGINE_ROOMS and parts[2] != "model":
+        return parts[2]
+    if len(parts) == 3:
+        return "model"
+    raise AssertionError(f"{module}: no room of perfkit/engine; put it in one of {sorted(ENGINE_ROOMS)}")
+
+
+def engine_room_violations(edges: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, targets in sorted(edges.items()):
+        here = engine_room(module)
+        for target in sorted(targets):
+            there = engine_room(target)
+            if here is None or there is None or here == there:
+                continue
+            if ENGINE_ROOMS[there] >= ENGINE_ROOMS[here]:
+                bad.append(f"{module} ({here}) imports {target} ({there})")
+    return bad
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -209,6 +240,31 @@ def test_the_rooms_check_catches_an_arrow_up_or_sideways():
     ]
     try:
         room("perfkit.experiment.loose")
+    except AssertionError as e:
+        assert "no room" in str(e)
+    else:
+        raise AssertionError("a module outside every room was not seen")
+
+
+def test_engine_rooms_import_only_down():
+    edges = graph()
+    rooms = {engine_room(m) for m in edges if m.startswith("perfkit.engine.")}
+    assert rooms == set(ENGINE_ROOMS)  # every module sits in a room, and every room has one
+    assert engine_room_violations(edges) == []
+
+
+def test_the_engine_rooms_check_catches_an_arrow_up_or_sideways():
+    edges = {
+        "perfkit.engine.decode": {"perfkit.engine.serve.tp", "perfkit.engine.model"},  # up, then beside
+        "perfkit.engine.serve.workers": {"perfkit.engine.benchmarks.bench", "perfkit.engine.decode"},
+        "perfkit.engine.cli": {"perfkit.engine.serve.app", "perfkit.engine.training.train"},  # down: fine
+    }
+    assert engine_room_violations(edges) == [
+        "perfkit.engine.decode (model) imports perfkit.engine.serve.tp (serve)",
+        "perfkit.engine.serve.workers (serve) imports perfkit.engine.benchmarks.bench (benchmarks)",
+    ]
+    try:
+        engine_room("perfkit.engine.loose.module")
     except AssertionError as e:
         assert "no room" in str(e)
     else:

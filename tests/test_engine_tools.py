@@ -6,7 +6,8 @@ import os
 import pytest
 import torch
 
-from perfkit.engine import bench, checkpoints, data
+from perfkit.engine import checkpoints, data
+from perfkit.engine.benchmarks import bench
 from perfkit.engine.cli import main
 from perfkit.errors import UserError
 
@@ -63,7 +64,7 @@ def test_shipped_weights_are_small_and_documented():
     files = [checkpoints.CHECKPOINT_DIR / n for n in ("target.safetensors", "drafter.safetensors")]
     assert sum(os.path.getsize(f) for f in files) <= 20 * 2**20
     log = json.loads((checkpoints.CHECKPOINT_DIR / "train_log.json").read_text())
-    from perfkit.engine import train
+    from perfkit.engine.training import train
 
     # the shipped log predates `format_version` (format 1 spelled it `format` and `version`)
     assert log.get("format_version") == train.FORMAT_VERSION or log.get("format") == "perfkit-train-log"
@@ -75,7 +76,7 @@ def test_shipped_weights_are_small_and_documented():
 
 
 def test_training_is_deterministic(tmp_path):
-    from perfkit.engine import train
+    from perfkit.engine.training import train
 
     a, b = tmp_path / "a", tmp_path / "b"
     quiet = lambda line: None  # noqa: E731
@@ -127,7 +128,7 @@ def test_cli_usage_errors_exit_2(argv, capsys):
 
 
 def test_benchmark_table_shows_every_figure():
-    from perfkit.engine.benchmarks import format_benchmarks
+    from perfkit.engine.benchmarks.headline import format_benchmarks
 
     record = {
         "quick": True,

@@ -141,7 +141,7 @@ def _servers() -> set[int]:
         if (
             b"serve" in words
             and any(w.endswith(b"perfkit.engine.cli") for w in words)
-            or any(b"perfkit.engine.workers" in w for w in words)
+            or any(b"perfkit.engine.serve.rank" in w for w in words)
         ):
             found.add(int(stat.parent.name))
     return found

@@ -1,5 +1,5 @@
 """Tensor parallelism: a shard really splits, its partial outputs add up, and rank processes
-(perfkit.engine.workers) give the in-process engine's tokens, fail loudly and leave nothing behind."""
+(perfkit.engine.serve.workers) give the in-process engine's tokens, fail loudly and leave nothing behind."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import time
 import pytest
 import torch
 
-from perfkit.engine import data, load_engine, tp
+from perfkit.engine import data, load_engine
+from perfkit.engine.serve import tp
 from perfkit.engine.decode import growth
-from perfkit.engine.workers import RankDied, RankError, Workers
+from perfkit.engine.serve.workers import RankDied, RankError, Workers
 from perfkit.engineoptions import EngineOptions
 from perfkit.errors import UserError
 

@@ -23,13 +23,13 @@ approximate; the result says which fill was used). Greedy speculative output is 
 greedy autoregressive output. With `PERFKIT_PROFILE=1` every phase also logs
 `[perfkit-prof pid=N] <phase>: n=50 mean=... last=...` lines and a summary at exit.
 
-Pieces: `model` (target, ModelConfig, KVCache), `drafter` (block drafter, DrafterConfig),
-`decode` (Engine, GenerateResult, the step loop), `checkpoints` (weights format, presets,
-`load_engine`), `data` (stdlib text, byte encode/decode, held-out prompts), `train` (the
-training script: `perfkit engine train`), `bench` / `benchmarks` / `cli`
-(`perfkit engine bench|benchmarks|train|serve`), and the server: `tp` (one rank's tensor-parallel
-shard), `workers` (one process per rank), `api` (what a request asks for), `serve` (the
-OpenAI-compatible HTTP server). The kernels probes time in isolation live in
+Pieces: the model at this package's top: `model` (target, ModelConfig, KVCache), `drafter` (block
+drafter, DrafterConfig), `decode` (Engine, GenerateResult, the step loop), `sampling`, `checkpoints`
+(weights format, presets, `load_engine`), `data` (stdlib text, byte encode/decode, held-out prompts).
+Then a room per job built on it: `training` (`perfkit engine train`), `benchmarks` (`bench`, `headline`:
+`perfkit engine bench|benchmarks`) and `serve` (`perfkit engine serve`: the OpenAI-compatible server
+`app`, the rank processes `workers`/`rank`, their `messages`, a rank's tensor-parallel shard `tp`);
+`cli` over them. The kernels probes time in isolation live in
 `perfkit.kernels`. Imports are lazy: `import perfkit.engine` does not load torch.
 """
 

@@ -24,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     """Every choice comes from the constant that defines it, so a new builder or preset shows up here.
     Nothing here imports torch: `serve` starts its ranks (which import it, in parallel) first."""
-    from perfkit.engine.benchmarks import SECTIONS
+    from perfkit.engine.benchmarks.headline import SECTIONS
     from perfkit.engineoptions import DEVICES, DTYPES, FILLS, MASKS, MODES, PRESETS, TREES
 
     top = _Parser(prog="perfkit engine", description="The bundled speculative-decoding engine.")
@@ -96,8 +96,8 @@ def main(argv: list[str]) -> int:
     if importlib.util.find_spec("torch") is None:  # every engine command runs on it (serve's ranks too): say so first
         raise ModuleNotFoundError("No module named 'torch'", name="torch")
     try:
-        if argv[:1] == ["train"]:  # its options belong to perfkit.engine.train
-            from perfkit.engine import train
+        if argv[:1] == ["train"]:  # its options belong to perfkit.engine.training.train
+            from perfkit.engine.training import train
 
             try:
                 return train.main(argv[1:])
@@ -113,7 +113,7 @@ def main(argv: list[str]) -> int:
             _positive("threads", args.threads)
             torch.set_num_threads(args.threads)
         if args.command == "bench":
-            from perfkit.engine.bench import BenchConfig, format_bench, run_bench
+            from perfkit.engine.benchmarks.bench import BenchConfig, format_bench, run_bench
 
             for name in ("ctx", "gen", "batch", "budget"):
                 _positive(name, getattr(args, name))
@@ -136,13 +136,13 @@ def main(argv: list[str]) -> int:
             print(json.dumps(record, indent=1, sort_keys=True) if args.json else format_bench(record))
             return 0
         if args.command == "benchmarks":
-            from perfkit.engine.benchmarks import SECTIONS, format_benchmarks, run_benchmarks
+            from perfkit.engine.benchmarks.headline import SECTIONS, format_benchmarks, run_benchmarks
 
             record = run_benchmarks(quick=args.quick, device=args.device, only=tuple(args.only or SECTIONS))
             print(json.dumps(record, indent=1, sort_keys=True) if args.json else format_benchmarks(record))
             return 0
         if args.command == "serve":
-            from perfkit.engine.serve import serve
+            from perfkit.engine.serve.app import serve
 
             _positive("max-batch", args.max_batch)
             if args.port < 0 or not args.batch_wait_ms >= 0:

@@ -152,7 +152,7 @@ class Attention(nn.Module):
         h, g, e, d = config.n_heads, config.n_kv_heads, config.head_dim, config.d_model
         self.wqkv = nn.Linear(d, (h + 2 * g) * e, bias=False)
         self.wo = nn.Linear(h * e, d, bias=False)
-        self.tp = None  # tensor parallel: sums wo's partial output over the ranks (perfkit.engine.tp)
+        self.tp = None  # tensor parallel: sums wo's partial output over the ranks (perfkit.engine.serve.tp)
 
     def _project(self, x, cos, sin):
         c = self.config

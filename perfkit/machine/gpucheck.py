@@ -175,7 +175,7 @@ def nvtx_check(cuda, *, work=None) -> dict:
 def tree_build_check(device: str = "cuda") -> list[dict]:
     """`perfkit engine benchmarks --only tree --quick` on the device: identical trees, and the
     vectorized build against the heapq one including its device-to-host copy."""
-    from perfkit.engine.benchmarks import tree_build_figures
+    from perfkit.engine.benchmarks.headline import tree_build_figures
 
     return tree_build_figures(quick=True, device=device)
 

@@ -26,12 +26,12 @@ from perfkit.errors import UserError
 from perfkit.files import VERSION_KEY
 from perfkit.machine import devices, fitness
 from perfkit.machine.devices import cpu_model, nvml
-from perfkit.paths import git_state
+from perfkit.paths import PACKAGE_HOME, git_state
 
 __all__ = ["snapshot", "main", "peak_dram_bytes_per_s", "format_snapshot", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 2
-_PERFKIT_CHECKOUT = Path(__file__).resolve().parents[2]
+_PERFKIT_CHECKOUT = PACKAGE_HOME
 
 
 # --- CPU and memory --------------------------------------------------------------------------------

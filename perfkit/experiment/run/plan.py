@@ -30,9 +30,9 @@ from perfkit.experiment.records.notebooks import COMPUTED, check_parameter, lite
 from perfkit.experiment.records.results import Execution
 from perfkit.experiment.run.options import RunOptions
 from perfkit.machine import fitness
-from perfkit.paths import Project
+from perfkit.paths import PACKAGE_DIR, Project
 
-_PACKAGE = Path(__file__).resolve().parents[2]  # perfkit/, engine and kernels included: experiment/run/plan.py
+_PACKAGE = PACKAGE_DIR  # perfkit/, engine and kernels included
 
 
 REPLICATE_PARAM = "replicate"  # a probe that declares it is told which replicate it is

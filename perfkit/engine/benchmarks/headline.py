@@ -6,7 +6,7 @@
    alternating, the speedup with its interval (the heap timing includes the copy of the log-probs
    to the host, which the heap path needs).
 3. Verify mask, compact vs naive, over context x batch at 32 tree nodes (prepare_for_verify only).
-Every time is taken by `perfkit.bench`.
+Every time is taken by `perfkit.probe.timing.bench`.
 
 Format history (`format_version`) of the record: 1 and 2: keys `format` and `version`; 3: `format_version`.
 """

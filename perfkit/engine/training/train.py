@@ -1,6 +1,6 @@
 """Train the shipped target and drafter: deterministic, byte-level, on the stdlib's own source.
 
-    python -m perfkit.engine.train [--out DIR] [--quick]      (or `perfkit engine train`)
+    python -m perfkit.engine.training.train [--out DIR] [--quick]      (or `perfkit engine train`)
 
 1. Target: next-byte prediction on random windows of `data.training_text()` (AdamW, cosine).
 2. Rollouts: the trained target decodes greedily from training-text prompts, keeping every

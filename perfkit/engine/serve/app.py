@@ -10,7 +10,7 @@ max_model_len, and, new on every start, "pids" (the ranks) and "server_pid"), GE
 requests, largest_batch, queued), POST /tokenize, POST /v1/completions, POST /v1/chat/completions.
 Every response has an `x-perfkit-engine` header.
 
-What a request may ask for, its defaults and the chat template: perfkit.engine.api. Generation
+What a request may ask for, its defaults and the chat template: perfkit.engine.serve.api. Generation
 runs to max_tokens (finish_reason "length").
 A stream has a chunk per decode step (a speculative step's carries all its tokens) or, with --chunk
 token, per token, never splitting a UTF-8 character; the last has the finish_reason; a usage-only
@@ -45,12 +45,11 @@ from collections import deque
 from pathlib import Path
 
 from perfkit.engine import data
-from perfkit.engine.api import Failure, chat_prompt, params, prompt_tokens
-from perfkit.engine.bench import APPROX_FROM
-from perfkit.engine.workers import RankError, Workers
-from perfkit.engineoptions import EngineOptions
+from perfkit.engine.serve.api import Failure, chat_prompt, params, prompt_tokens
+from perfkit.engine.serve.workers import RankError, Workers
+from perfkit.engineoptions import APPROX_FROM, EngineOptions
 from perfkit.errors import UserError
-from perfkit.paths import git_try
+from perfkit.paths import PACKAGE_HOME, git_try
 
 __all__ = ["serve", "CREATED"]
 
@@ -172,7 +171,7 @@ class State:
         self.exit_code = 0
         self.server = None  # the uvicorn.Server, to stop it when the ranks fail to start
         self._closer: threading.Thread | None = None
-        root = Path(__file__).resolve().parents[2]  # the folder holding the perfkit package
+        root = PACKAGE_HOME
         git = git_try(root, "rev-parse", "--show-toplevel", "HEAD")
         lines = git.stdout.split() if git is not None and git.returncode == 0 else []
         self.commit = lines[1] if len(lines) == 2 and Path(lines[0]).resolve() == root else None

@@ -1,4 +1,5 @@
-"""Rank processes: the engine behind `perfkit engine serve`, one process per tensor-parallel rank.
+"""Rank processes: the engine behind `perfkit engine serve`, one process per tensor-parallel rank,
+seen from the parent.
 
     workers = Workers(EngineOptions(tp=2, preset="shipped"))
     workers.start()                                   # returns at once; the ranks load in parallel
@@ -6,22 +7,20 @@
     summary = workers.generate([[104, 105]], max_new_tokens=32, on_tokens=print)
     workers.close()
 
-Each rank is a `python -c` process with RANK, WORLD_SIZE and LOCAL_RANK in its environment (so its
-profile lines say `rank=R`), its share of the CPU threads, the same engine (`load_engine(preset,
-seed=0)`, then `tp.shard`) and a pipe to the parent. A job goes to every rank over its own pipe
-rather than through a collective, because an idle rank waiting in a collective would hit the
-group's timeout. Every rank runs `Engine.generate` with the same arguments; rank 0 sends each
-step's tokens, then every rank says it is done (rank 0 with the summary).
-
-The pipe speaks the small dataclasses below, one per message: `Ready`, `Step`, `Done` and `Failed`
-from a rank, `Job` to it (a rank stops when its pipe closes, or on SIGTERM). Nothing here imports
-torch: the parent starts the ranks at once, and each imports it for itself, in parallel.
+Each rank is a `python -c` process (perfkit.engine.serve.rank) with RANK, WORLD_SIZE and LOCAL_RANK in
+its environment (so its profile lines say `rank=R`), its share of the CPU threads, the same engine
+(`load_engine(preset, seed=0)`, then `tp.shard`) and a pipe to the parent. A job goes to every rank
+over its own pipe rather than through a collective, because an idle rank waiting in a collective
+would hit the group's timeout. Every rank runs `Engine.generate` with the same arguments; rank 0
+sends each step's tokens, then every rank says it is done (rank 0 with the summary). The pipe speaks
+the dataclasses of perfkit.engine.serve.messages. Nothing here imports torch: the parent starts the
+ranks at once, and each imports it for itself, in parallel.
 
 A dead rank never hangs the parent: the parent waits on every rank's pipe at once, a pipe closes
 when its rank dies (killed, out of memory, crashed), and the parent then kills the others (they
 would wait in an all-reduce) and raises RankDied; later calls raise at once. A rank's exception
 comes back with its message; when every rank raised it before entering any collective, the workers
-stay usable. Ranks exit when the parent dies (a thread watches the parent pid).
+stay usable. Ranks exit when the parent dies (a thread in each watches the parent pid).
 """
 
 from __future__ import annotations
@@ -33,71 +32,20 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from multiprocessing import connection
-from pathlib import Path
 
 from perfkit.endpoints import free_port
-from perfkit.engine.bench import APPROX_FROM
-from perfkit.engineoptions import EngineOptions
+from perfkit.engine.serve.messages import Done, Failed, Job, Ready, Step
+from perfkit.engineoptions import APPROX_FROM, EngineOptions
 from perfkit.errors import PerfkitError, UserError
+from perfkit.paths import PACKAGE_HOME
 
-__all__ = ["Workers", "RankError", "RankDied", "COLLECTIVE_TIMEOUT_S"]
+__all__ = ["Workers", "RankError", "RankDied"]
 
-COLLECTIVE_TIMEOUT_S = 120.0  # a rank gives up on a peer that has not joined a collective after this
 ERROR_GRACE_S = 10.0  # after one rank reports an error, how long the others have to report theirs
 PEER_DEATH_S = 1.0  # how long a rank's collective error waits for a peer's death to show
-_RANK_CODE = "from perfkit.engine.workers import _rank_main; _rank_main()"
-
-
-# --- what the pipe carries -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Ready:
-    """A rank has loaded, sharded and joined its group."""
-
-    pid: int
-    device: str
-    max_seq_len: int
-    block: int
-
-
-@dataclass(frozen=True)
-class Step:
-    """Rank 0: the tokens each request gained in a decode step (the first token, then each step's)."""
-
-    tokens: list[list[int]]
-
-
-@dataclass(frozen=True)
-class Done:
-    """A rank finished its job; rank 0 carries the summary (`_summary`), the others None."""
-
-    summary: dict | None
-
-
-@dataclass(frozen=True)
-class Failed:
-    """A rank's job or start-up raised. `usable`: it raised before entering any collective, so no
-    peer waits on it and the workers may go on; `user`: a UserError (the request's fault)."""
-
-    user: bool
-    text: str
-    trace: str
-    usable: bool
-
-
-@dataclass(frozen=True)
-class Job:
-    """One `Engine.generate` for every rank."""
-
-    prompts: list[list[int]]
-    max_new_tokens: int
-    temperature: float
-    seed: int
-    fill: str
+_RANK_CODE = "from perfkit.engine.serve.rank import main; main()"
 
 
 class RankError(PerfkitError):
@@ -139,7 +87,7 @@ class Workers:
         if self._procs:
             raise UserError("these workers were already started")
         port = free_port() if self.tp > 1 else 0
-        root = str(Path(__file__).resolve().parents[2])  # the directory holding the perfkit package
+        root = str(PACKAGE_HOME)
         path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
         out = self._stderr if self._stderr is not None else 2  # ranks print nothing on our stdout
         for rank in range(self.tp):
@@ -406,100 +354,3 @@ def _threads() -> int:
     of a probe, so a server the probe starts uses the same count), else this process's CPUs."""
     given = os.environ.get("OMP_NUM_THREADS", "")
     return int(given) if given.isdigit() and int(given) > 0 else len(os.sched_getaffinity(0))
-
-
-# --- inside a rank process -------------------------------------------------------------------------
-
-
-def _rank_main() -> None:
-    """A rank's life: load, shard, join the group, say ready, then run jobs until told to stop."""
-    config = json.loads(sys.argv[1])
-    options = EngineOptions(**config["options"])
-    conn = connection.Connection(config["fd"])
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # exit normally: profile summaries print
-    _watch_parent(config["parent"])
-    try:
-        engine, reduce = _load(options, config["rank"])
-    except Exception as exc:
-        conn.send(_failed(exc, usable=True))
-        sys.exit(1)
-    target, drafter = engine.target.config, engine.drafter.config
-    conn.send(Ready(os.getpid(), str(engine.device), target.max_seq_len, drafter.block))
-    _serve(conn, engine, reduce, options, first=config["rank"] == 0)
-
-
-def _load(options: EngineOptions, rank: int):
-    import torch
-
-    from perfkit.engine import tp
-    from perfkit.engine.checkpoints import load_engine
-
-    torch.set_num_threads(options.threads)
-    world = options.tp
-    device = tp.local_device(options.device, world)
-    engine = load_engine(options.preset, device=device, dtype=options.dtype, seed=0)
-    reduce = tp.AllReduce() if world > 1 else None
-    tp.shard(engine, rank, world, reduce=reduce)
-    if world > 1:
-        tp.init_group(rank, world, device, timeout_s=COLLECTIVE_TIMEOUT_S)
-        reduce(torch.zeros(1, device=device))  # the group works both ways before anyone says ready
-    return engine, reduce
-
-
-def _serve(conn, engine, reduce, options: EngineOptions, *, first: bool) -> None:
-    while True:
-        try:
-            job = conn.recv()
-        except EOFError:
-            return
-        entered = reduce.calls if reduce is not None else 0
-        try:
-            result = engine.generate(
-                job.prompts,
-                max_new_tokens=job.max_new_tokens,
-                mode=options.mode,
-                budget=options.budget,
-                tree=options.tree,
-                mask=options.mask,
-                fill=job.fill,
-                temperature=job.temperature,
-                seed=job.seed,
-                on_step=(lambda tokens: conn.send(Step(tokens))) if first else None,
-            )
-        except Exception as exc:
-            usable = reduce is None or reduce.calls == entered  # no peer waits on us in a collective
-            conn.send(_failed(exc, usable=usable))
-            if not usable:
-                sys.exit(1)
-            continue
-        conn.send(Done(_summary(result) if first else None))
-
-
-def _failed(exc: Exception, *, usable: bool) -> Failed:
-    """An exception, for the parent: a UserError's message alone, anything else with its traceback."""
-    if isinstance(exc, UserError):
-        return Failed(True, str(exc), "", usable)
-    return Failed(False, f"{type(exc).__name__}: {exc}", traceback.format_exc(), usable)
-
-
-def _summary(result) -> dict:
-    keys = ("tokens", "steps", "accept_lengths", "prefill_s", "ttft_s", "decode_s", "decode_tok_s", "fill")
-    summary = {key: getattr(result, key) for key in keys}
-    summary.update(
-        prompt_tokens=result.prompt_tokens,
-        generated_tokens=result.generated_tokens,
-        experts_touched=result.experts_touched,
-    )
-    return summary
-
-
-def _watch_parent(parent: int) -> None:
-    """Exit when the parent process is gone (this process is then re-parented)."""
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(0.2)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="perfkit-parent-watch", daemon=True).start()

@@ -13,13 +13,13 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
+from perfkit.engineoptions import APPROX_FROM
 from perfkit.files import VERSION_KEY
 from perfkit.phases import BREAKDOWN, STEP
 
 __all__ = ["BenchConfig", "run_bench", "format_bench", "APPROX_FROM", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 2
-APPROX_FROM = 4096  # --fill auto: approximate fill from this context on
 
 
 @dataclass(frozen=True)
