@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from perfkit.engine import data, load_engine
-from perfkit.engine.serve import tp
 from perfkit.engine.decode import growth
+from perfkit.engine.serve import tp
 from perfkit.engine.serve.workers import RankDied, RankError, Workers
 from perfkit.engineoptions import EngineOptions
 from perfkit.errors import UserError

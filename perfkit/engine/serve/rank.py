@@ -45,8 +45,8 @@ def main() -> None:
 def _load(options: EngineOptions, rank: int):
     import torch
 
-    from perfkit.engine.serve import tp
     from perfkit.engine.checkpoints import load_engine
+    from perfkit.engine.serve import tp
 
     torch.set_num_threads(options.threads)
     world = options.tp
