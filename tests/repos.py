@@ -35,10 +35,15 @@ def sh(cwd: Path, *argv: str, env: dict | None = None, check: bool = True) -> su
     return done
 
 
+#: a replicate is unfit only when other load exceeds every core: the probes of these repositories sleep,
+#: which load cannot move, so a test of them asserts on a loaded machine too (fitness has tests of its own)
+PATIENT = "fitness = {foreign_share = 1, episode_share = 1, episodes = 1}"
+
+
 def own_repository(path: Path, delay_s: float) -> Path:
     (path / "ownlib").mkdir(parents=True)
     (path / "ownlib" / "__init__.py").write_text(f"import time\n\n\ndef work():\n    time.sleep({delay_s})\n")
-    (path / "pyproject.toml").write_text('[project]\nname = "ownlib"\nversion = "0.1"\n')
+    (path / "pyproject.toml").write_text(f'[project]\nname = "ownlib"\nversion = "0.1"\n\n[tool.perfkit]\n{PATIENT}\n')
     sh(path, "git", "init", "-q", "-b", "main")
     sh(path, "git", "config", "user.email", "t@example.com")
     sh(path, "git", "config", "user.name", "t")

@@ -23,8 +23,6 @@ import pytest
 from repos import add_probe, own_repository, perfkit, sh
 
 HID = "ownlib-work-under-8ms"
-#: a replicate is unfit only when other load exceeds every core: the probe sleeps, load cannot move it
-PATIENT = "fitness = {foreign_share = 1, episode_share = 1, episodes = 1}"
 FEW = ("--replicates", "2")  # 4 ms against 12 ms of sleep: two processes a commit tell them apart (4 to name one)
 
 
@@ -34,8 +32,6 @@ def history(tmp_path_factory, installed) -> tuple[Path, list[str]]:
     origin = own_repository(tmp_path_factory.mktemp("origin") / "ownproject", delay_s=0.004)
     perfkit(origin, installed, "init")
     add_probe(origin)
-    settings = origin / "pyproject.toml"
-    settings.write_text(settings.read_text().replace("[tool.perfkit]\n", f"[tool.perfkit]\n{PATIENT}\n"))
     sh(origin, "git", "add", "-A")
     sh(origin, "git", "commit", "-q", "--amend", "-m", "ownlib, and a probe of it")
     source = origin / "ownlib" / "__init__.py"

@@ -21,8 +21,7 @@ from repos import ROOT, add_probe, own_repository, perfkit, sh
 
 def verdict(repo: Path, env: dict, hid: str) -> dict:
     standing = json.loads(perfkit(repo, env, "show", hid, "--json").stdout)["standing"]
-    if (standing["reason"] or "").startswith("the machine was not fit"):  # not evidence either way
-        pytest.skip(f"the machine was busy while the probe measured: {standing['reason']}")
+    assert not (standing["reason"] or "").startswith("the machine was not fit"), standing["reason"]  # PATIENT
     return standing
 
 
@@ -144,8 +143,6 @@ def test_git_bisect_run_perfkit_check_finds_the_commit_that_made_it_slow(tmp_pat
     sh(repo, "git", "bisect", "start", "--term-old=holds", "--term-new=broken", head, good, env=env)
     check = ["perfkit", "check", "ownlib-work-under-8ms", "--replicates", "3", "--max-replicates", "3"]
     done = sh(repo, "git", "bisect", "run", *check, env=env, check=False)
-    if "exit 125" in done.stdout and "is the first broken commit" not in done.stdout:
-        pytest.skip(f"the machine could not decide a commit: {done.stdout[-500:]}")
     assert f"{slow} is the first broken commit" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
     sh(repo, "git", "bisect", "reset", env=env)
     assert sh(repo, "git", "rev-parse", "HEAD").stdout.strip() == head
