@@ -487,3 +487,43 @@ def warnings(replicates: Replicates) -> list[str]:
             "not more samples, narrow this interval"
         )
     return out
+
+
+# ---------------------------------------------------------------- one process apart
+
+#: family-wise level of the test that one process stands apart (shared by all processes)
+APART_LEVEL = 0.05
+APART_SHRINK = 2.0  # ... and it drives the spread: without it, the spread between processes is this many times smaller
+
+
+def apart(estimates: Sequence[float], *, log: bool) -> tuple[int, float] | None:
+    """The one process whose own estimate stands apart from the others' and drives their spread:
+    (its index, how many times smaller the spread is without it), or None.
+
+    Each process in turn is set against the others: its distance from their mean, in units of their
+    spread, is Student's t with R - 2 degrees of freedom when it is one more draw like them (a
+    prediction interval). It stands apart when that is beyond chance for any of the R processes
+    (Bonferroni, `APART_LEVEL` in all) and the spread of the estimates shrinks `APART_SHRINK` times or
+    more without it. With `log` the estimates (positive: times, rates, ratios) are compared on the log
+    scale, as factors. Three processes at least; with fewer, which one is odd cannot be told.
+    """
+    values = np.asarray(estimates, dtype=float)
+    if values.size < 3 or not np.all(np.isfinite(values)) or (log and not np.all(values > 0)):
+        return None
+    if log:
+        values = np.log(values)
+    spread = float(values.std(ddof=1))
+    if spread == 0:
+        return None
+    found: tuple[int, float] | None = None
+    strongest = 0.0
+    for i in range(values.size):
+        others = np.delete(values, i)
+        rest = float(others.std(ddof=1))
+        distance = abs(float(values[i] - others.mean()))
+        t = distance / (rest * math.sqrt(1 + 1 / others.size)) if rest > 0 else math.inf
+        chance = 2 * (1 - t_cdf(t, values.size - 2)) if math.isfinite(t) else 0.0
+        shrink = spread / rest if rest > 0 else math.inf
+        if chance * values.size < APART_LEVEL and shrink >= APART_SHRINK and t > strongest:
+            found, strongest = (i, shrink), t
+    return found

@@ -17,6 +17,7 @@ from perfkit import stats, units
 from perfkit.errors import UserError
 from perfkit.experiment.records import replicates
 from perfkit.experiment.records.checker import Checker, check_scalars
+from perfkit.experiment.records.plots import process_label
 from perfkit.experiment.records.verdict import Floor, Inconclusive, Judgement, Measured, Point, Verdict
 from perfkit.samples import MAX_SAMPLES
 
@@ -209,6 +210,52 @@ def warnings_for(labelled: list[tuple[str, list[list[float]]]]) -> tuple[str, ..
         labels = ", ".join(label for label, _ in items)
         out.append(f"{said} (at {len(items)} of {len(labelled)}: {labels})")
     return tuple(out)
+
+
+def mean(values) -> float:
+    return sum(values) / len(values)
+
+
+def positive(replicates: list[list[float]]) -> bool:
+    """Whether a quantity cannot be negative: no sample below zero, no process's mean at zero (as
+    stats.mean_estimate decides where its interval is taken)."""
+    return all(min(r) >= 0 and mean(r) > 0 for r in replicates)
+
+
+def apart_warning(what: str, estimates: list[float], unit: str | None, *, log: bool) -> tuple[str, ...]:
+    """The warning that one process stands apart and drives the spread between processes, when one does
+    (stats.apart): "process 2's mean (12 ms) is 6.2x the others' (1.8 to 2.1 ms): ...". `estimates` are
+    each process's own estimate of the verdict's quantity, in replicate order; `log` compares them as
+    factors (positive quantities: times, rates, ratios), else as differences (exponents, differences)."""
+    found = stats.apart(estimates, log=log)
+    if found is None:
+        return ()
+    i, shrink = found
+    others = [e for j, e in enumerate(estimates) if j != i]
+    low, high = min(others), max(others)
+    said = (
+        units.format_quantity(low, unit)
+        if low == high
+        else f"{units.format_number(low)} to {units.format_quantity(high, unit)}"
+    )
+    if log:
+        factor = estimates[i] / math.exp(mean([math.log(e) for e in others]))
+        how = (
+            f"{units.format_factor(factor)} the others'"
+            if factor >= 1
+            else f"{units.format_factor(1 / factor)} below the others'"
+        )
+    else:
+        how = "apart from the others'"
+    narrower = (
+        "the others agree exactly"
+        if math.isinf(shrink)
+        else f"their spread is {units.format_factor(shrink)} smaller without it"
+    )
+    return (
+        f"{process_label(i)}'s {what} ({units.format_quantity(estimates[i], unit)}) is {how} ({said}): it drives "
+        f"the spread between processes ({narrower}); look at what differed in that process",
+    )
 
 
 # ---------------------------------------------------------------- comparing

@@ -12,7 +12,16 @@ from typing import Any
 from perfkit import stats, units
 from perfkit.experiment.records import plots
 from perfkit.experiment.records.checker import Checker
-from perfkit.experiment.records.kinds.base import Expect, bounds, candidates, measured, samples, warnings_for
+from perfkit.experiment.records.kinds.base import (
+    Expect,
+    apart_warning,
+    bounds,
+    candidates,
+    mean,
+    measured,
+    samples,
+    warnings_for,
+)
 from perfkit.experiment.records.verdict import Floor, Inconclusive, Judgement, Point
 
 
@@ -70,8 +79,9 @@ class Scaling(Expect):
                 f"the points of {self.metric} come from different numbers of replicates; "
                 "each replicate must measure every point"
             )
+        sizes = [float(p.at[self.over]) for p in found]
         try:
-            est = stats.slope_estimate([float(p.at[self.over]) for p in found], per_point, confidence=confidence)
+            est = stats.slope_estimate(sizes, per_point, confidence=confidence)
         except ValueError as exc:
             raise Inconclusive(f"cannot fit an exponent: {exc}") from None
         verdict, why, needed = bounds(
@@ -90,60 +100,84 @@ class Scaling(Expect):
             ),
             warnings=warnings_for(
                 [(f"{self.metric} at {self.over}={p.at[self.over]}", s) for p, s in zip(found, per_point)]
-            ),
+            )
+            + apart_warning("exponent", self._own_exponents(sizes, per_point), None, log=False),
             used=tuple(found),
         )
 
-    def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
-        from matplotlib.ticker import NullLocator
+    @staticmethod
+    def _own_exponents(xs: list[float], per_point: list[list[list[float]]]) -> list[float]:
+        """Each process's own exponent: the log-log slope of its means over the sizes (one process: none)."""
+        if len(per_point[0]) < 2:
+            return []
+        return [stats.loglog_slope(xs, [mean(p[r]) for p in per_point]) for r in range(len(per_point[0]))]
 
-        ax = fig.add_axes((0.13, 0.16, 0.55, 0.62))
-        xs, means, lows, highs = [], [], [], []
+    def _sweep(self, judgement: Judgement) -> tuple[list[float], list[plots.Evidence]]:
+        """The sizes measured and, at each, its evidence: samples and each process's mean, in the first
+        point's unit, with the mean over processes at the verdict's level."""
         level = judgement.measured.confidence or stats.CONFIDENCE
-        for p in judgement.used:
-            est = stats.mean_estimate(p.replicates, confidence=level)
-            xs.append(float(p.at[self.over]))
-            means.append(est.value)
-            lows.append(est.value - est.low)
-            highs.append(est.high - est.value)
         unit = judgement.used[0].unit
-        ax.errorbar(
-            xs,
-            means,
-            yerr=[lows, highs],
-            fmt="o",
-            color="#37474f",
-            capsize=3,
-            label=f"measured ({judgement.measured.level()})",
-        )
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        anchor_x = math.exp(sum(math.log(x) for x in xs) / len(xs))
-        anchor_y = math.exp(sum(math.log(y) for y in means) / len(means))
-        span = [min(xs), max(xs)]
+        xs, points = [], []
+        for p in judgement.used:
+            reps = [units.convert(list(r), p.unit, unit) for r in p.replicates]
+            est = stats.mean_estimate(reps, confidence=level)
+            xs.append(float(p.at[self.over]))
+            points.append(plots.evidence_of(reps, [sum(r) / len(r) for r in reps], est))
+        return xs, points
+
+    def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
+        xs, sweep = self._sweep(judgement)
         m = judgement.measured
-        ax.plot(
-            span,
-            [anchor_y * (x / anchor_x) ** m.value for x in span],
-            color=plots.COLORS[judgement.verdict],
-            label=(
-                f"fitted k = {units.format_number(m.value)} "
-                f"[{units.format_number(m.low)}, {units.format_number(m.high)}]"
-            ),
+        ax = fig.add_axes((0.1, 0.26, 0.5, 0.5))
+        scale = plots.scale_for(
+            "y", [v for e in sweep for v in e.shown()], [v for e in sweep for v in e.reach()], power=True
         )
-        ax.plot(
-            span,
-            [anchor_y * (x / anchor_x) ** self.exponent for x in span],
-            color=plots.CLAIMED,
-            linestyle="--",
-            label=f"expected k = {self._claim()}",
+        processes = len(sweep[0].estimates)
+        gaps = [math.log10(b / a) for a, b in zip(xs, xs[1:])]
+        width = 0.6 * min(gaps)  # in decades: each process's strip beside the others, within its size's room
+        for x, e in zip(xs, sweep):
+            slots = [width * ((i + 0.5) / (processes + 1) - 0.5) for i in range(processes + 1)]  # the mean's last
+            for i, values in enumerate(e.samples):
+                offsets = plots.spread(len(values), width / (processes + 1) * 0.7)
+                plots.strip(ax, scale, list(values), [x * 10 ** (slots[i] + o) for o in offsets], i)
+                plots.own(ax, scale, e.estimates[i], x * 10 ** slots[i], i)
+            plots.pooled(
+                ax, scale, e, x * 10 ** slots[-1], plots.POOLED, f"mean of the processes, {m.level()} interval"
+            )
+        self._lines(ax, xs, sweep, judgement)
+        xscale = plots.scale_for("x", [x * 10**s for x in xs for s in (-width / 2, width / 2)], power=True)
+        xscale.apply(ax, self.over)
+        if len(xs) >= 3:  # the sizes measured, when there are enough of them to read the axis by
+            plots.readable_ticks(ax, xscale, sorted(set(xs)))
+        scale.apply(ax, f"{self.metric} [{judgement.used[0].unit}]")
+        self._exponents(fig, judgement, xs, sweep)
+        plots.legend(fig, fig.axes, ncol=3)
+
+    def _lines(self, ax, xs: list[float], sweep: list[plots.Evidence], judgement: Judgement) -> None:
+        """The fitted and the expected power laws through the processes' means, over the sizes measured."""
+        m = judgement.measured
+        anchor_x = math.exp(sum(math.log(x) for x in xs) / len(xs))
+        anchor_y = math.exp(sum(math.log(e.value) for e in sweep) / len(sweep))
+        span = [min(xs), max(xs)]
+        fitted = (
+            f"fitted k = {units.format_number(m.value)} [{units.format_number(m.low)}, {units.format_number(m.high)}]"
         )
-        plots.log_ticks(ax, "y")
-        ax.set_xticks(sorted(set(xs)), [units.format_number(x, 6) for x in sorted(set(xs))])  # the sizes measured
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.tick_params(labelsize=7, which="both")
-        ax.set_xlabel(self.over)
-        ax.set_ylabel(f"{self.metric} [{unit}]", fontsize=8)
-        # beside the axes, inside the figure: the labels are wrapped to the room there is
-        for text in ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False).get_texts():
-            text.set_text(plots.wrap(text.get_text(), 26))
+        for k, color, style, label in (
+            (m.value, plots.COLORS[judgement.verdict], "-", fitted),
+            (self.exponent, plots.CLAIMED, "--", f"expected k = {self._claim()}"),
+        ):
+            ax.plot(span, [anchor_y * (x / anchor_x) ** k for x in span], color=color, linestyle=style, label=label)
+
+    def _exponents(self, fig, judgement: Judgement, xs: list[float], sweep: list[plots.Evidence]) -> None:
+        """Each process's own exponent (its means' log-log slope) below the verdict's, and the claimed range."""
+        m = judgement.measured
+        own = self._own_exponents(xs, [[list(s) for s in e.samples] for e in sweep]) or [m.value]
+        evidence = plots.evidence_of([[] for _ in own], own, m)
+        claim = plots.Claim(self.exponent, f"expected k = {self._claim()}", band=self.edges())
+        ax = fig.add_axes((0.75, 0.26, 0.22, 0.5))
+        scale = plots.scale_for("x", evidence.shown(), evidence.reach() + [claim.value, *claim.band])
+        plots.pooled(ax, scale, m, 0.0, plots.COLORS[judgement.verdict], f"exponent, {m.level()} interval")
+        at = plots.rows(ax, scale, evidence)
+        plots.claim(ax, scale, claim, plots.ABOVE)
+        plots.row_labels(ax, at, f"all {len(at) - 1}")
+        scale.apply(ax, "k, no unit")

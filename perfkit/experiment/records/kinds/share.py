@@ -14,9 +14,12 @@ from perfkit.experiment.records import plots
 from perfkit.experiment.records.checker import Checker
 from perfkit.experiment.records.kinds.base import (
     Expect,
+    apart_warning,
+    mean,
     measured,
     off_range,
     one,
+    positive,
     range_text,
     read_range,
     read_unit,
@@ -99,7 +102,13 @@ class Share(Expect):
             expected=self.expected(),
             measured=measured("share", "%", est, scale=100, between=part_samples),
             off_by=off_range(est.value, self.at_least, self.at_most, _pct, "share"),
-            warnings=warnings_for([(part.name, part_samples), (whole.name, whole_samples)]),
+            warnings=warnings_for([(part.name, part_samples), (whole.name, whole_samples)])
+            + apart_warning(
+                "share",
+                [100 * mean(p) / mean(w) for p, w in zip(part_samples, whole_samples)],
+                "%",
+                log=positive(part_samples),
+            ),
             used=(part, whole),
         )
 
@@ -119,38 +128,72 @@ class Share(Expect):
                 out.append((point.name, mean * units.factor(point.unit, part.unit)))
         return out
 
-    def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
+    def _evidence(self, judgement: Judgement) -> plots.Evidence:
+        """Each process's share (its part's mean over its whole's), in %, and its samples: each step's own
+        share where part and whole were recorded step by step, else each sample over its process's whole."""
+        part, whole = judgement.used
+        scale = units.factor(whole.unit, part.unit)
+        samples, shares = [], []
+        for p, w in zip(part.replicates, whole.replicates):
+            of_whole = mean(w) * scale
+            if part.breakdown is not None and part.breakdown == whole.breakdown and len(p) == len(w) and all(w):
+                samples.append([100 * a / (b * scale) for a, b in zip(p, w)])
+            else:
+                samples.append([100 * a / of_whole for a in p])
+            shares.append(100 * mean(p) / of_whole)
+        return plots.evidence_of(samples, shares, judgement.measured)
+
+    def _composition(self, fig, judgement: Judgement, points: list[Point]) -> None:
+        """What the whole is made of (the processes' mean of each part), one stacked bar on a 0-100% axis."""
         parts = self._parts(judgement, points)
-        total = sum(v for _, v in parts) or 1.0
-        ax = fig.add_axes((0.08, 0.3, 0.88, 0.36))
-        left = 0.0
+        total = sum(max(v, 0.0) for _, v in parts) or 1.0
+        ax = fig.add_axes((0.69, 0.24, 0.035, 0.46))
+        bottom = 0.0
         for i, (name, value) in enumerate(parts):
-            share = value / total
+            share = 100 * max(value, 0.0) / total
             claimed = name == self.metric
             color = (
                 plots.CLAIMED
                 if claimed
                 else ("#ffffff" if name == UNATTRIBUTED else plots.PHASE_COLORS[i % len(plots.PHASE_COLORS)])
             )
-            ax.barh(
+            ax.bar(
                 [0],
                 [share],
-                left=left,
+                bottom=bottom,
+                width=0.8,
                 color=color,
                 edgecolor="#37474f",
                 linewidth=1.5 if claimed else 0.6,
                 hatch="//" if name == UNATTRIBUTED else None,
-                label=f"{name} {share:.1%}",
+                label=f"{name} {units.format_number(share, 2)}%",
             )
-            left += share
-        color = plots.COLORS[judgement.verdict]
-        for bound, style in ((self.at_least, "--"), (self.at_most, ":")):
-            if bound is not None:
-                ax.axvline(bound, color=color, linestyle=style, linewidth=1.5)
-                ax.text(bound, 0.55, f" claimed {'≥' if style == '--' else '≤'} {bound:.0%}", fontsize=7, color=color)
-        ax.set_xlim(0, 1)
-        ax.set_yticks([])
+            bottom += share
         unit = judgement.used[0].unit
         of = self.of if self.of != STEP else "step"
-        ax.set_xlabel(f"share of {of} (mean {units.format_quantity(total, unit)}); claimed part: {self.metric}")
-        ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4, frameon=False)
+        ax.set_xlim(-0.5, 0.5)
+        ax.set_xticks([0], [f"{of}\n{units.format_quantity(total, unit)}"], fontsize=6.5)
+        plots.readable_ticks(ax, plots.Scale("y", False, 0.0, 100.0))
+        ax.set_ylim(0, 100)
+        ax.set_ylabel("share [%], linear scale", fontsize=6.5)
+        handles, labels = ax.get_legend_handles_labels()
+        ax.legend(handles[::-1], labels[::-1], fontsize=6, loc="center left", bbox_to_anchor=(1.1, 0.5), frameon=False)
+
+    def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
+        m = judgement.measured
+        evidence = self._evidence(judgement)
+        claims = [
+            plots.Claim(100 * bound, f"claimed {sign} {_pct(bound)}", style=style)
+            for bound, sign, style in ((self.at_least, "≥", "--"), (self.at_most, "≤", ":"))
+            if bound is not None
+        ]
+        ax = fig.add_axes((0.13, 0.24, 0.46, 0.46))
+        scale = plots.scale_for("x", evidence.shown(), evidence.reach() + [c.value for c in claims])
+        plots.pooled(ax, scale, m, 0.0, plots.COLORS[judgement.verdict], f"share, {m.level()} interval")
+        at = plots.rows(ax, scale, evidence)
+        for c in claims:
+            plots.claim(ax, scale, c, plots.ABOVE)
+        plots.row_labels(ax, at, f"all {len(at) - 1}")
+        scale.apply(ax, f"{self.metric} / {self.of} [%]")
+        plots.legend(fig, [ax], ncol=3)
+        self._composition(fig, judgement, points)

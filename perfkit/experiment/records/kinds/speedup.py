@@ -11,10 +11,13 @@ from perfkit.experiment.records import plots
 from perfkit.experiment.records.checker import Checker
 from perfkit.experiment.records.kinds.base import (
     Expect,
+    apart_warning,
     bounds,
+    mean,
     measured,
     off_range,
     one,
+    positive,
     range_text,
     read_range,
     samples,
@@ -80,58 +83,69 @@ class Speedup(Expect):
             expected=self.expected(),
             measured=measured("speedup", "x", est),
             off_by=off_range(est.value, self.at_least, self.at_most, units.format_factor, "speedup"),
-            warnings=warnings_for([(base.name, base_samples), (cand.name, cand_samples)]),
+            warnings=warnings_for([(base.name, base_samples), (cand.name, cand_samples)])
+            + apart_warning("speedup", [mean(a) / mean(b) for a, b in zip(num, den)], "x", log=positive(num + den)),
             used=(base, cand),
         )
 
-    def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
-        ax = fig.add_axes((0.25, 0.2, 0.5, 0.55))
-        base, cand = judgement.used
-        unit = base.unit
-        names, values, errs = [], [], [[], []]
+    def _arms(self, judgement: Judgement) -> tuple[list[plots.Evidence], str]:
+        """Each arm's evidence in the baseline's unit (its samples, each process's mean, the mean over
+        processes at the verdict's level), and that unit."""
         level = judgement.measured.confidence or stats.CONFIDENCE
-        for p in (base, cand):
-            est = stats.mean_estimate([units.convert(list(r), p.unit, unit) for r in p.replicates], confidence=level)
-            names.append(p.name)
-            values.append(est.value)
-            errs[0].append(est.value - est.low)
-            errs[1].append(est.high - est.value)
+        unit = judgement.used[0].unit
+        arms = []
+        for p in judgement.used:
+            reps = [units.convert(list(r), p.unit, unit) for r in p.replicates]
+            pooled = stats.mean_estimate(reps, confidence=level)
+            arms.append(plots.evidence_of(reps, [sum(r) / len(r) for r in reps], pooled))
+        return arms, unit
+
+    def _speedups(self, judgement: Judgement, arms: list[plots.Evidence], unit: str) -> plots.Evidence:
+        """Each process's speedup (the ratio of its arms' means) and the verdict's pooled one."""
+        base, cand = arms
+        lower = units.dimension(unit) in units.LOWER_IS_FASTER
+        ratios = [b / c if lower else c / b for b, c in zip(base.estimates, cand.estimates)]
+        return plots.evidence_of([[] for _ in ratios], ratios, judgement.measured)
+
+    def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
+        m = judgement.measured
+        arms, unit = self._arms(judgement)
         # where the candidate would have to be for the claimed factor, against this baseline
-        faster_is_lower = units.dimension(unit) in units.LOWER_IS_FASTER
+        lower = units.dimension(unit) in units.LOWER_IS_FASTER
         factors = [f for f in (self.at_least, self.at_most) if f]
-        marks = [values[0] / f if faster_is_lower else values[0] * f for f in factors]
-        lows = [v - e for v, e in zip(values, errs[0])]
-        edges = [x for x in lows if x > 0] + values + [v + e for v, e in zip(values, errs[1])] + marks
-        plots.log_if_spread(ax, values + marks, "x")
-        log = ax.get_xscale() == "log"
-        left = min(edges) / 1.5 if log else 0.0
-        cut = log and any(low <= left for low in lows)
-        errs[0] = [v - left if log and low <= left else e for v, e, low in zip(values, errs[0], lows)]
-        ax.barh(names, values, xerr=errs, color=["#b0bec5", plots.COLORS[judgement.verdict]], capsize=4)
-        ax.set_xlim(left, max(edges) * (1.5 if log else 1.1))
-        if log:
-            plots.log_ticks(ax, "x")
-        for factor, at in zip(factors, marks):
-            ax.axvline(at, color=plots.CLAIMED, linestyle="--", linewidth=1.2)
-            ax.annotate(
-                f" claimed {units.format_factor(factor)}",
-                (at, 0.5),
-                xycoords=("data", "axes fraction"),
-                fontsize=7,
-                color=plots.CLAIMED,
-                rotation=90,
-                ha="left",
-                va="center",
-            )
-        if cut:  # an interval reaching to 0 or below: drawn to the axis's edge, and said
-            ax.text(
-                0.0,
-                -0.32,
-                "an interval reaching 0 or below runs off the left edge",
-                transform=ax.transAxes,
-                fontsize=6.5,
-                color="#616161",
-            )
-        ax.set_xlabel(f"mean [{unit}], {judgement.measured.level()} interval")
-        claim = range_text(self.at_least, self.at_most, units.format_factor)
-        ax.set_title(f"speedup {units.format_factor(judgement.measured.value)}; claimed {claim}", fontsize=8)
+        claims = [
+            plots.Claim(arms[0].value / f if lower else arms[0].value * f, f"claimed {units.format_factor(f)}")
+            for f in factors
+        ]
+        left = fig.add_axes((0.21, 0.26, 0.39, 0.44))
+        scale = plots.scale_for(
+            "x", [v for a in arms for v in a.shown()], [v for a in arms for v in a.reach()] + [c.value for c in claims]
+        )
+        tops = [0.0, len(arms[0].estimates) + 1.5]
+        for arm, top in zip(arms, tops):
+            plots.pooled(left, scale, arm, top, plots.POOLED, f"mean of each arm, {m.level()} interval")
+            plots.rows(left, scale, arm, top)
+        for c in claims:
+            plots.claim(left, scale, c, tops[1] + plots.ABOVE)
+        left.set_yticks(tops, [p.name for p in judgement.used], fontsize=7)
+        left.set_ylim(tops[1] + len(arms[1].estimates) + 0.7, tops[0] - 0.7)
+        scale.apply(left, f"each arm [{unit}]")
+        self._ratio_panel(fig, judgement, self._speedups(judgement, arms, unit))
+        plots.legend(fig, fig.axes, ncol=3)
+
+    def _ratio_panel(self, fig, judgement: Judgement, speedups: plots.Evidence) -> None:
+        """The speedup: the verdict's, each process's below it, and the claimed factors."""
+        m = judgement.measured
+        ax = fig.add_axes((0.75, 0.26, 0.22, 0.44))
+        claims = [
+            plots.Claim(f, f"claimed {units.format_factor(f)}", style=style)
+            for f, style in ((self.at_least, "--"), (self.at_most, ":"))
+            if f
+        ]
+        scale = plots.scale_for("x", speedups.shown(), speedups.reach() + [c.value for c in claims])
+        plots.pooled(ax, scale, m, 0.0, plots.COLORS[judgement.verdict], f"speedup, {m.level()} interval")
+        at = plots.rows(ax, scale, speedups)
+        for c in claims:
+            plots.claim(ax, scale, c, plots.ABOVE)
+        plots.row_labels(ax, at, f"all {len(at) - 1}")
+        scale.apply(ax, "speedup [x]")

@@ -14,9 +14,12 @@ from perfkit.experiment.records import plots
 from perfkit.experiment.records.checker import Checker
 from perfkit.experiment.records.kinds.base import (
     Expect,
+    apart_warning,
     bounds,
+    mean,
     measured,
     one,
+    positive,
     ratio_text,
     read_unit,
     same_point,
@@ -84,7 +87,8 @@ class _Value(Expect):
             expected=self.expected(),
             measured=measured("mean", self.unit, est, between=values),
             off_by=self._off_by(est.value, self.value, None),
-            warnings=warnings_for([(self.metric, values)]),
+            warnings=warnings_for([(self.metric, values)])
+            + apart_warning("mean", [mean(r) for r in values], self.unit, log=positive(values)),
             used=(point,),
         )
 
@@ -131,7 +135,13 @@ class _Value(Expect):
             measured=measured(f"ratio to {self.floor}", "x", est, between=values),
             off_by=self._off_floor(est.value),
             floor=floor,
-            warnings=warnings_for([(self.metric, values)] + ([] if exact else [(self.floor, floors)])),
+            warnings=warnings_for([(self.metric, values)] + ([] if exact else [(self.floor, floors)]))
+            + apart_warning(
+                f"ratio to {self.floor}",
+                [mean(v) / mean(f) for v, f in zip(values, floors)],
+                "x",
+                log=positive(values),
+            ),
             used=(point, floor_point),
         )
 
@@ -142,40 +152,40 @@ class _Value(Expect):
         """How far the ratio to the floor is from the claim: '1.6x above the bound 2 × verify_floor'."""
         raise NotImplementedError
 
-    def _marks(self, ax, reference: float, unit: str) -> list[float]:
-        """Draw the claim on the axis (in `unit`); the values it drew (for the axis scale)."""
+    def _claims(self, reference: float, unit: str) -> list[plots.Claim]:
+        """The claim on the axis, in `unit` (the reference is 1 on a ratio to the floor)."""
         raise NotImplementedError
 
-    def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
+    def _evidence(self, judgement: Judgement) -> tuple[plots.Evidence, float, str, str]:
+        """(each process's samples and mean, the reference, its unit, the axis's label): on a floor, each
+        sample over its own process's floor, and each process's mean over its floor's mean."""
         m, used = judgement.measured, judgement.used[0]
-        ax = fig.add_axes((0.08, 0.2, 0.88, 0.5))
-        if len(judgement.used) == 2:  # judged on the ratio to a floor: each sample over its replicate's floor
-            floors = [sum(r) / len(r) for r in judgement.used[1].replicates]
-            factor = units.factor(judgement.used[1].unit, self.unit)
-            values = [
-                v / (f * factor)
-                for rep, f in zip(used.replicates, floors)
-                for v in units.convert(list(rep), used.unit, self.unit)
-            ]
-            reference, unit, label = 1.0, "x", f"{self.metric} / {self.floor} (floor {judgement.floor.text()})"
-        else:
-            values = units.convert(used.samples(), used.unit, self.unit)
-            reference, unit, label = self._reference(judgement.floor)[0], self.unit, f"{self.metric} [{self.unit}]"
-        ax.plot(values, [0.0] * len(values), "|", color="#90a4ae", markersize=14, label="samples")
-        ax.errorbar(
-            [m.value],
-            [0.0],
-            xerr=[[m.value - m.low], [m.high - m.value]],
-            fmt="o",
-            color=plots.COLORS[judgement.verdict],
-            capsize=6,
-            label=f"mean, {m.level()} interval",
-        )
-        plots.log_if_spread(ax, [m.low, m.high, reference, *values, *self._marks(ax, reference, unit)], "x")
-        ax.set_yticks([])
-        ax.set_ylim(-1, 1)
-        ax.set_xlabel(label)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=4, frameon=False)
+        values = [units.convert(list(r), used.unit, self.unit) for r in used.replicates]
+        if len(judgement.used) == 1:
+            means = [sum(r) / len(r) for r in values]
+            words = f"{self.metric} [{self.unit}]"
+            return plots.evidence_of(values, means, m), self._reference(judgement.floor)[0], self.unit, words
+        floor = judgement.used[1]
+        floors = [sum(r) / len(r) for r in (units.convert(list(r), floor.unit, self.unit) for r in floor.replicates)]
+        ratios = [[v / f for v in rep] for rep, f in zip(values, floors)]
+        means = [sum(rep) / len(rep) / f for rep, f in zip(values, floors)]
+        words = f"{self.metric} / {self.floor} [x] (floor {judgement.floor.text()})"
+        return plots.evidence_of(ratios, means, m), 1.0, "x", words
+
+    def plot(self, fig, judgement: Judgement, points: list[Point]) -> None:
+        m = judgement.measured
+        evidence, reference, unit, words = self._evidence(judgement)
+        claims = self._claims(reference, unit)
+        edges = [v for c in claims for v in (c.value, *(c.band or ()))]
+        ax = fig.add_axes((0.13, 0.24, 0.83, 0.46))
+        scale = plots.scale_for("x", evidence.shown(), evidence.reach() + edges)
+        plots.pooled(ax, scale, m, 0.0, plots.COLORS[judgement.verdict], f"{m.label}, {m.level()} interval")
+        at = plots.rows(ax, scale, evidence)
+        for c in claims:
+            plots.claim(ax, scale, c, plots.ABOVE)
+        plots.row_labels(ax, at, f"all {len(at) - 1}")
+        scale.apply(ax, words)
+        plots.legend(fig, [ax], ncol=3)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,16 +211,10 @@ class Cost(_Value):
     def _off_floor(self, ratio: float) -> str:
         return ratio_text(ratio, 1.0, f"the floor {self.floor}")
 
-    def _marks(self, ax, reference: float, unit: str) -> list[float]:
+    def _claims(self, reference: float, unit: str) -> list[plots.Claim]:
         low, high = self._edges(reference)
-        ax.axvspan(low, high, color="#bbdefb", alpha=0.6, label=f"expected ±×{units.format_number(self.factor)}")
-        ax.axvline(
-            reference,
-            color=plots.CLAIMED,
-            linestyle="--",
-            label=f"expected {units.format_quantity(reference, unit)}",
-        )
-        return [low, high]
+        text = f"expected {units.format_quantity(reference, unit)} (×{units.format_number(self.factor)})"
+        return [plots.Claim(reference, text, band=(low, high))]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -247,15 +251,9 @@ class _Bound(_Value):
         bound = self._bound(1.0)
         return ratio_text(ratio, bound, f"the bound {units.format_number(bound)} × {self.floor}")
 
-    def _marks(self, ax, reference: float, unit: str) -> list[float]:
+    def _claims(self, reference: float, unit: str) -> list[plots.Claim]:
         bound = self._bound(reference)
-        ax.axvline(
-            bound,
-            color=plots.CLAIMED,
-            linestyle="--",
-            label=f"bound {self.SIGN} {units.format_quantity(bound, unit)}",
-        )
-        return [bound]
+        return [plots.Claim(bound, f"bound {self.SIGN} {units.format_quantity(bound, unit)}")]
 
 
 @dataclass(frozen=True, kw_only=True)
