@@ -150,7 +150,7 @@ def move(base: HypothesisResult, current: HypothesisResult) -> tuple[float | Non
     for exponents and values that can be zero or negative, where a ratio means nothing.
     """
     a, b = base.measured, current.measured
-    if a is None or b is None or not comparable(a, b):
+    if a is None or b is None or not comparable(a, b) or identical(a, b):
         return None, None
     scale = units.factor(b.unit, a.unit) if a.unit != b.unit else 1.0
     low, high, value = b.low * scale, b.high * scale, b.value * scale
@@ -159,6 +159,20 @@ def move(base: HypothesisResult, current: HypothesisResult) -> tuple[float | Non
     if a.label == "exponent" or a.value <= 0 or value <= 0:
         return None, value - a.value
     return value / a.value, None
+
+
+#: two values closer than this, relative to their size, are one value: the rounding of the arithmetic that
+#: computed them (a mean of whole tokens summed in another order), far below any measurement's resolution
+RESOLUTION = 1e-9
+
+
+def identical(a: Measured, b: Measured) -> bool:
+    """Whether two measured quantities are the same number, down to the rounding of the arithmetic: the
+    same tokens accepted per step in both runs is no change, whatever the last bit of a float says."""
+    if not comparable(a, b):
+        return False
+    value = b.value * (units.factor(b.unit, a.unit) if a.unit != b.unit else 1.0)
+    return abs(value - a.value) <= RESOLUTION * max(abs(value), abs(a.value))
 
 
 def comparable(a: Measured, b: Measured) -> bool:
@@ -197,14 +211,26 @@ def measurement_moved(base: HypothesisResult, current: HypothesisResult) -> bool
 
 
 def move_words(factor: float | None, shift: float | None) -> str:
-    """'12% higher', '3.0x lower', '+0.41': how far a measurement moved ('' when within the noise)."""
-    if factor is not None:
+    """'12% higher', '3.0x lower', '+0.41': how far a measurement moved ('' when within the noise, or when
+    it did not move beyond the arithmetic's rounding: never '2.22e-14% higher')."""
+    if factor is not None and abs(factor - 1) > RESOLUTION:
         if 0.5 < factor < 2:
             return f"{units.format_number(abs(factor - 1) * 100)}% {'higher' if factor >= 1 else 'lower'}"
         return f"{units.format_factor(factor)} higher" if factor >= 1 else f"{units.format_factor(1 / factor)} lower"
-    if shift is not None:
+    if shift is not None and factor is None:
         return f"{'+' if shift >= 0 else '-'}{units.format_number(abs(shift))}"
     return ""
+
+
+def moved_from(base: HypothesisResult, current: HypothesisResult) -> str:
+    """How the current measurement stands against the base one, in words: '2.2x higher than 0.258 ms
+    [0.226, 0.29]', 'within the noise of 4 ms [3.9, 4.1]', or 'unchanged (8.88 tok, identical)'."""
+    a, b = base.measured, current.measured
+    if a is not None and b is not None and identical(a, b):
+        return f"unchanged ({units.format_quantity(a.value, a.unit)}, identical)"
+    moved = move_words(*move(base, current))
+    then = a.text() if a is not None else "nothing measured"
+    return f"{moved} than {then}" if moved else f"within the noise of {then}"
 
 
 def _attempt(runs: list[Entry], shown: Entry, base_runs: set[str]) -> str | None:

@@ -239,8 +239,7 @@ def changed(
     what += f"; the expectation moved: {floor}" if floor else ""
     if not compare.comparable(previous.measured, result.measured):
         return f"{what}; now measured as another quantity (was {then})"
-    moved = compare.move_words(*compare.move(previous, result))
-    return f"{what}: {moved} than {then}" if moved else f"{what}: within the noise of {then}"
+    return f"{what}: {compare.moved_from(previous, result)}"
 
 
 def to_result(item: Judged) -> HypothesisResult:
