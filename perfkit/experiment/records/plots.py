@@ -201,7 +201,7 @@ def _tick_values(scale: Scale) -> list[float]:
     if scale.log:
         decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
         options = [[s * 10.0**d for d in decades for s in subs if low <= s * 10.0**d <= high] for subs in LOG_SUBS]
-        for ticks in options:
+        for ticks in options[:-1]:  # four or more, while every label still has room (2, 3 and 5 in a decade)
             if 4 <= len(ticks) <= 9:
                 return ticks
         for ticks in options:
