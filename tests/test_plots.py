@@ -182,11 +182,26 @@ def _within(value, limits):
     return low - slack <= value <= high + slack
 
 
+def _overlapping(ax, which):
+    """Tick labels drawn over one another (by more than half a pixel)."""
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    low, high = sorted(ax.get_xlim() if which == "x" else ax.get_ylim())
+    labels = [
+        t.label1
+        for t in axis.get_major_ticks()
+        if t.label1.get_visible() and t.label1.get_text() and low <= t.get_loc() <= high
+    ]
+    spans = sorted((b.x0, b.x1) if which == "x" else (b.y0, b.y1) for b in (x.get_window_extent() for x in labels))
+    return [(a, b) for a, b in zip(spans, spans[1:]) if a[1] > b[0] + 0.5]
+
+
 def _axis_problems(ax, n):
     """An axis of numbers with fewer than three distinct labels, in another notation or without its scale;
-    an axis with no label at all."""
+    an axis with no label at all; labels drawn over one another."""
     found = []
     for which in ("x", "y"):
+        if _overlapping(ax, which):
+            found.append(f"axes {n} {which}: tick labels over one another: {_labels(ax, which)}")
         labels = _labels(ax, which)
         title = (ax.get_xlabel() if which == "x" else ax.get_ylabel()) or ""
         if not labels:

@@ -119,7 +119,7 @@ def evidence_of(samples: list[list[float]], estimates: list[float], pooled) -> E
 #: an interval's end or a claim within this many times the data's own span of it (in decades on a log axis) is
 #: drawn in place; one farther is drawn at the axis's edge, with its number
 REACH = 2.0
-LOG_SUBS = ((1,), (1, 2, 5), (1, 2, 3, 5), (1, 2, 3, 4, 5, 6, 7, 8, 9))  # labelled ticks per decade, fewest first
+LOG_SUBS = ((1,), (1, 3), (1, 2, 5), (1, 2, 3, 5), (1, 2, 3, 4, 5, 6, 7, 8, 9))  # labelled per decade, fewest first
 
 
 @dataclass(frozen=True)
@@ -193,8 +193,9 @@ def scale_for(which: str, shown: list[float], reach: list[float] = (), *, power:
     return Scale(which, False, low, high)
 
 
-def _tick_values(scale: Scale) -> list[float]:
-    """At least three values to label, in plain numbers: decades, then 1-2-5 and finer, on a log axis."""
+def _tick_values(scale: Scale, most: int) -> list[float]:
+    """Three to `most` values to label, in plain numbers: decades, then 1-3, 1-2-5 and finer on a log axis
+    (a log axis of many decades labels every second or third of them)."""
     from matplotlib.ticker import MaxNLocator
 
     low, high = scale.low, scale.high
@@ -202,24 +203,34 @@ def _tick_values(scale: Scale) -> list[float]:
         decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
         options = [[s * 10.0**d for d in decades for s in subs if low <= s * 10.0**d <= high] for subs in LOG_SUBS]
         for ticks in options[:-1]:  # four or more, while every label still has room (2, 3 and 5 in a decade)
-            if 4 <= len(ticks) <= 9:
+            if 4 <= len(ticks) <= most:
                 return ticks
         for ticks in options:
-            if len(ticks) >= 3:
+            if 3 <= len(ticks) <= most:
                 return ticks
-    found = MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10], min_n_ticks=3).tick_values(low, high)
+        dense = next((ticks for ticks in options if len(ticks) >= 3), None)
+        if dense is not None:  # more than there is room for: every second (third, ...) of them
+            return dense[:: math.ceil(len(dense) / most)]
+    found = MaxNLocator(nbins=max(2, min(5, most - 1)), steps=[1, 2, 2.5, 5, 10], min_n_ticks=3).tick_values(low, high)
     span = high - low
     return [0.0 if abs(t) < span * 1e-9 else float(t) for t in found if low - span * 1e-9 <= t <= high + span * 1e-9]
+
+
+#: room a tick label needs along its axis, in inches ('1,000' at 7 points, and a gap)
+LABEL_ROOM = {"x": 0.42, "y": 0.22}
 
 
 def readable_ticks(ax, scale: Scale, ticks: list[float] | None = None) -> None:
     """Labelled ticks on a quantity's axis written as the ledger writes numbers ('10,000', '0.052', never
     '2e+04' or an offset), with as many digits as it takes for each label to say its tick's value and no two
-    to read the same ('8.25', not '8.2'). `ticks`: where they go, when not where the scale puts them."""
+    to read the same ('8.25', not '8.2'), as many as the axis has room for. `ticks`: where they go, when not
+    where the scale puts them."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
     axis = ax.xaxis if scale.which == "x" else ax.yaxis
-    ticks = _tick_values(scale) if ticks is None else ticks
+    box = ax.get_position()
+    length = box.width * ax.figure.get_figwidth() if scale.which == "x" else box.height * ax.figure.get_figheight()
+    ticks = _tick_values(scale, max(3, int(length / LABEL_ROOM[scale.which]))) if ticks is None else ticks
     span = scale.high - scale.low
     for digits in (2, 3, 4, 5, 6, 7):
         words = [units.format_number(t, digits) for t in ticks]
