@@ -24,7 +24,7 @@ def installed(tmp_path_factory) -> dict[str, str]:
     """A fresh virtual environment with perfkit pip-installed (not editable): the environment to run it in.
 
     Its dependencies come from this checkout's .venv through a .pth file: nothing is downloaded."""
-    from test_own_repository import ROOT, sh
+    from repos import ROOT, sh
 
     venv = tmp_path_factory.mktemp("venv") / "v"
     sh(ROOT, sys._base_executable, "-m", "venv", "--without-pip", str(venv))

@@ -178,7 +178,7 @@ def test_a_parameter_override_gets_the_same_checks(tmp_path):
 def test_stored_results_are_read_back_as_strictly_as_records(tmp_path, edit, field):
     import json
 
-    from test_results import sample_results
+    from records import sample_results
 
     from perfkit.errors import RecordError
     from perfkit.experiment.records import results
@@ -197,7 +197,7 @@ def test_stored_results_are_read_back_as_strictly_as_records(tmp_path, edit, fie
 def test_a_duplicated_hypothesis_in_a_results_file_is_refused(tmp_path):
     import json
 
-    from test_results import sample_results
+    from records import sample_results
 
     from perfkit.errors import RecordError
     from perfkit.experiment.records import results

@@ -2,56 +2,14 @@ import json
 import math
 
 import pytest
+from records import sample_results
 
 from perfkit import files
 from perfkit.errors import RecordError
 from perfkit.experiment.records import results
-from perfkit.experiment.records.results import Execution, Floor, HypothesisResult, Measured, MetricSummary, RunResults
+from perfkit.experiment.records.results import Execution
 from perfkit.paths import Project
 from perfkit.samples import MetricRecord
-
-
-def sample_results(run_id="20250101-000000") -> RunResults:
-    return RunResults(
-        run_id=run_id,
-        created="2025-01-01T00:00:00Z",
-        command="perfkit run --all",
-        quick=True,
-        git_commit="abc",
-        git_dirty=False,
-        hypotheses=(
-            HypothesisResult(
-                id="h",
-                hash="123",
-                claim="c",
-                kind="cost",
-                expected="≈ 200 ms (×3)",
-                verdict="refuted",
-                reason=None,
-                measured=Measured(label="mean", unit="ms", value=0.18, low=0.16, high=0.21),
-                off_by="1,100x below the expected 200 ms",
-                floor=Floor(metric="f", value=1.0, unit="ms", note="n", low=0.9, high=1.1, replicates=3),
-                plot="plots/h.png",
-                warnings=("w",),
-                metrics=(
-                    MetricSummary(
-                        name="m", unit="ms", at={"ctx": 1}, n=3, mean=None, low=None, high=None, std=math.nan
-                    ),
-                ),
-                executions=(
-                    Execution(
-                        key="k",
-                        notebook="p.ipynb",
-                        params={"ctx": 1},
-                        status="ok",
-                        run_id=run_id,
-                        reused=False,
-                        wall_s=2.5,
-                    ),
-                ),
-            ),
-        ),
-    )
 
 
 def test_run_results_round_trip(tmp_path):
