@@ -23,6 +23,14 @@ Why it works this way:
   but its interval is the spread of the log unit estimates placed around it: above zero, wider above
   than below, as such units are skewed (tests/test_stats.py: its coverage against known truth). A
   difference (an overhead per pair, on - off) has negative samples: its interval may straddle zero.
+- Machines are a level above processes. When a measurement's replicates ran on several machines
+  (`machines=`, one label per replicate), each machine's processes are averaged first and the
+  interval is a t-interval over the M machine means with M - 1 degrees of freedom: the pool's mean,
+  with the between-machine spread in it (the classic nested design; a balanced spread of replicates
+  over machines makes it exact under normal machine and process effects, tests/test_machines.py).
+  Two machines give a wide interval: one difference between machines is all there is to see.
+  `Estimate.between_machines` is the machine-level standard deviation left after the processes'
+  own spread is taken out (method of moments), as a share of the estimate.
 - There is no resampling: time and memory are linear in the number of samples, with no seed.
 """
 
@@ -55,6 +63,8 @@ class Estimate:
     spread: float = 0.0  # standard deviation of the unit estimates (on the log scale when pooled there)
     log: bool = False  # the interval is on the log scale (ratios, positive quantities); `spread` is there too
     confidence: float = CONFIDENCE
+    machines: int = 1  # machines the replicates ran on; above 1, the interval's units are machine means
+    between_machines: float | None = None  # the machines' own spread, as a share of the estimate (None: one)
 
 
 @dataclass(frozen=True)
@@ -201,9 +211,31 @@ def _replicates(replicates: Replicates) -> list[np.ndarray]:
 
 
 def _estimate(units: list[float], replicates: int, samples: list[np.ndarray], *, confidence: float, log: bool,
-              centre: float | None = None) -> Estimate:  # fmt: skip
-    value, low, high = interval(units, confidence=confidence, log=log, centre=centre)
+              centre: float | None = None, machines: Sequence[str] | None = None) -> Estimate:  # fmt: skip
     scaled = np.log(np.asarray(units, dtype=float)) if log else np.asarray(units, dtype=float)
+    groups = _groups(machines, len(units)) if replicates > 1 else []
+    if len(groups) > 1:
+        means = [float(scaled[g].mean()) for g in groups]  # each machine's processes, averaged first
+        if centre is None:
+            centre = float(np.exp(np.mean(means))) if log else float(np.mean(means))
+        pooled = [math.exp(m) for m in means] if log else means
+        value, low, high = interval(pooled, confidence=confidence, log=log, centre=centre)
+        sd = _between_machines(scaled, groups)
+        share = math.expm1(sd) if log else (sd / abs(value) if value else math.inf)
+        return Estimate(
+            value=value,
+            low=low,
+            high=high,
+            replicates=replicates,
+            units=len(groups),
+            n=int(sum(r.size for r in samples)),
+            spread=float(np.std(means, ddof=1)),
+            log=log,
+            confidence=confidence,
+            machines=len(groups),
+            between_machines=share,
+        )
+    value, low, high = interval(units, confidence=confidence, log=log, centre=centre)
     return Estimate(
         value=value,
         low=low,
@@ -217,22 +249,53 @@ def _estimate(units: list[float], replicates: int, samples: list[np.ndarray], *,
     )
 
 
+def _groups(machines: Sequence[str] | None, count: int) -> list[list[int]]:
+    """The replicates' indices per machine, machines in the order first seen (none: no labels)."""
+    if machines is None:
+        return []
+    if len(machines) != count:
+        raise ValueError(f"{len(machines)} machine labels for {count} replicates")
+    found: dict[str, list[int]] = {}
+    for i, machine in enumerate(machines):
+        found.setdefault(machine, []).append(i)
+    return list(found.values())
+
+
+def _between_machines(scaled: np.ndarray, groups: list[list[int]]) -> float:
+    """The standard deviation between machines, the processes' own spread taken out: one-way
+    random effects on the process estimates, sqrt(max(0, (MSB - MSW) / n0)); with one process per
+    machine there is no MSW, and all of the machine means' spread is counted as the machines'."""
+    sizes = np.array([len(g) for g in groups], dtype=float)
+    means = np.array([scaled[g].mean() for g in groups])
+    total, k = sizes.sum(), len(groups)
+    grand = float((sizes * means).sum() / total)
+    msb = float((sizes * (means - grand) ** 2).sum() / (k - 1))
+    inside = total - k
+    msw = float(sum(((scaled[g] - scaled[g].mean()) ** 2).sum() for g in groups) / inside) if inside else 0.0
+    n0 = (total - (sizes**2).sum() / total) / (k - 1)
+    return math.sqrt(max(0.0, (msb - msw) / n0))
+
+
 def _positive(samples: list[np.ndarray], units: list[float]) -> bool:
     """A quantity that cannot be negative: every sample at least zero and every unit estimate above it."""
     return all(r.min() >= 0 for r in samples) and min(units) > 0
 
 
-def mean_estimate(replicates: Replicates, *, confidence: float = CONFIDENCE) -> Estimate:
-    """The mean over processes (each replicate's mean weighs the same) and its interval; on the
-    log scale around that mean when the quantity cannot be negative."""
+def mean_estimate(
+    replicates: Replicates, *, confidence: float = CONFIDENCE, machines: Sequence[str] | None = None
+) -> Estimate:
+    """The mean over processes (each replicate's mean weighs the same; over machines, each machine's
+    mean) and its interval; on the log scale around that mean when the quantity cannot be negative."""
     reps = _replicates(replicates)
     if len(reps) > 1:
         units = [float(r.mean()) for r in reps]
-        centre = float(np.mean(units))
+        groups = _groups(machines, len(units))
+        centre = float(np.mean([np.mean([units[i] for i in g]) for g in groups] if len(groups) > 1 else units))
     else:
         units = [float(reps[0][s].mean()) for s in _batches(reps[0].size)]
         centre = float(reps[0].mean())
-    return _estimate(units, len(reps), reps, confidence=confidence, log=_positive(reps, units), centre=centre)
+    log = _positive(reps, units)
+    return _estimate(units, len(reps), reps, confidence=confidence, log=log, centre=centre, machines=machines)
 
 
 def mean_interval(samples: Sequence[float], *, confidence: float = CONFIDENCE) -> Estimate:
@@ -241,7 +304,7 @@ def mean_interval(samples: Sequence[float], *, confidence: float = CONFIDENCE) -
 
 
 def ratio_estimate(numerator: Replicates, denominator: Replicates, *, paired: bool, log: bool = True,
-                   confidence: float = CONFIDENCE) -> Estimate:  # fmt: skip
+                   confidence: float = CONFIDENCE, machines: Sequence[str] | None = None) -> Estimate:  # fmt: skip
     """mean(numerator) / mean(denominator) per replicate (or batch), pooled over them.
 
     Paired samples (a phase and the step it belongs to) are cut into the same batches; unpaired
@@ -269,9 +332,13 @@ def ratio_estimate(numerator: Replicates, denominator: Replicates, *, paired: bo
             units = [float(x.mean() / y.mean()) for x, y in zip(sa, sb) if y.mean() != 0]
     centre = None if len(num) > 1 else float(num[0].mean() / den[0].mean())  # one process: its own ratio
     if not log:
-        centre = float(np.mean(units)) if centre is None else centre
+        groups = _groups(machines, len(units)) if len(num) > 1 else []
+        if centre is None:  # the units' mean (over machines: of the machine means)
+            centre = float(np.mean([np.mean([units[i] for i in g]) for g in groups] if len(groups) > 1 else units))
         log = _positive(num + den, units)
-    return _estimate(units, len(num), num, confidence=confidence, log=log, centre=centre)  # samples: of one side
+    return _estimate(  # samples: of one side
+        units, len(num), num, confidence=confidence, log=log, centre=centre, machines=machines
+    )
 
 
 def ratio_interval(
@@ -288,10 +355,17 @@ def loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     return float((cx * (ly - ly.mean())).sum() / (cx * cx).sum())
 
 
-def slope_estimate(xs: Sequence[float], points: Sequence[Replicates], *, confidence: float = CONFIDENCE) -> Estimate:
+def slope_estimate(
+    xs: Sequence[float],
+    points: Sequence[Replicates],
+    *,
+    confidence: float = CONFIDENCE,
+    machines: Sequence[str] | None = None,
+) -> Estimate:
     """Log-log exponent over sweep points: fitted per replicate (or per batch of one), pooled.
 
-    `points[j]` holds the replicates measured at xs[j]; replicate r of every point is one process.
+    `points[j]` holds the replicates measured at xs[j]; replicate r of every point is one process
+    (and ran on `machines[r]`).
     """
     if len(xs) != len(points):
         raise ValueError("one set of replicates per x is needed")
@@ -312,7 +386,8 @@ def slope_estimate(xs: Sequence[float], points: Sequence[Replicates], *, confide
         units = [loglog_slope(xs, [float(s[b].mean()) for s in split]) for b in range(count)]
         centre = loglog_slope(xs, [float(p[0].mean()) for p in per_point])
         return _estimate(units, 1, [p[0] for p in per_point], confidence=confidence, log=False, centre=centre)
-    return _estimate(units, replicates, [r for p in per_point for r in p], confidence=confidence, log=False)
+    samples = [r for p in per_point for r in p]
+    return _estimate(units, replicates, samples, confidence=confidence, log=False, machines=machines)
 
 
 def slope_interval(
