@@ -210,6 +210,13 @@ def _replicates(replicates: Replicates) -> list[np.ndarray]:
     return out
 
 
+def _kept(replicates: Replicates, machines: Sequence[str] | None) -> Sequence[str] | None:
+    """The machine labels of the replicates `_replicates` keeps (those with samples)."""
+    if machines is None or len(machines) != len(replicates):
+        return machines  # a mismatch is said by _groups
+    return [m for r, m in zip(replicates, machines) if len(r)]
+
+
 def _estimate(units: list[float], replicates: int, samples: list[np.ndarray], *, confidence: float, log: bool,
               centre: float | None = None, machines: Sequence[str] | None = None) -> Estimate:  # fmt: skip
     scaled = np.log(np.asarray(units, dtype=float)) if log else np.asarray(units, dtype=float)
@@ -286,7 +293,7 @@ def mean_estimate(
 ) -> Estimate:
     """The mean over processes (each replicate's mean weighs the same; over machines, each machine's
     mean) and its interval; on the log scale around that mean when the quantity cannot be negative."""
-    reps = _replicates(replicates)
+    reps, machines = _replicates(replicates), _kept(replicates, machines)
     if len(reps) > 1:
         units = [float(r.mean()) for r in reps]
         groups = _groups(machines, len(units))
@@ -312,7 +319,7 @@ def ratio_estimate(numerator: Replicates, denominator: Replicates, *, paired: bo
     pools on the log scale (speedups: a geometric mean); otherwise (a share) the estimate is the
     units' mean and its interval is on the log scale around it when nothing in it can be negative.
     """
-    num, den = _replicates(numerator), _replicates(denominator)
+    num, den, machines = _replicates(numerator), _replicates(denominator), _kept(numerator, machines)
     if len(num) != len(den):
         raise ValueError(f"the two sides have {len(num)} and {len(den)} replicates")
     if paired and any(a.size != b.size for a, b in zip(num, den)):
@@ -410,6 +417,8 @@ def replicates_to_decide(est: Estimate, edge: float) -> int | None:
     Assumes the estimate stays where it is and the spread between units stays as measured: a
     forecast, not a promise.
     """
+    if est.machines > 1:  # its units are machines: more replicates on the same machines cannot narrow it
+        return None
     if est.log and (est.value <= 0 or edge <= 0):
         return None
     distance = abs(math.log(est.value / edge)) if est.log else abs(est.value - edge)

@@ -111,3 +111,112 @@ def test_ratios_and_exponents_nest_over_machines_too():
 def test_machine_labels_must_match_the_replicates():
     with pytest.raises(ValueError, match="2 machine labels for 3 replicates"):
         stats.mean_estimate([[1.0, 1.1], [1.0, 1.2], [0.9, 1.0]], machines=["a", "b"])
+
+
+# ---------------------------------------------------------------- a pool simulated on this host
+
+
+SLEEPER = """import os, time
+import perfkit
+
+slowdown = float(os.environ.get("PERFKIT_SIMULATED_SLOWDOWN", "1"))  # what the simulated machine is told
+samples = []
+for _ in range(n):
+    t0 = time.perf_counter()
+    time.sleep(0.010 * slowdown)
+    samples.append((time.perf_counter() - t0) * 1000)
+perfkit.record("nap", samples, unit="ms")
+"""
+
+RECORD = """id: {id}
+claim: A nap takes at most 10.5 ms.
+rationale: It sleeps 10 ms; machine sim1 of the simulated pool is 10% slower.
+expect:
+  kind: at_most
+  metric: nap
+  value: 10.5
+  unit: ms
+probe:
+  notebook: sleeper.ipynb
+  params: {{n: 12}}
+{extra}"""
+
+
+@pytest.fixture(scope="module")
+def pooled(tmp_path_factory):
+    """The same claim about the pool and about every machine, measured on `local:2x1` with machine sim1
+    10% slower than sim0: 3 replicates on each."""
+    import nbformat
+    from records import run
+
+    from perfkit.experiment.run import runner, schedule
+    from perfkit.experiment.run.scaffold import probe_notebook
+    from perfkit.paths import Project
+
+    root = tmp_path_factory.mktemp("pool")
+    (root / "hypotheses").mkdir()
+    (root / "notebooks").mkdir()
+    nbformat.write(probe_notebook("n: int = 5  # naps", SLEEPER), str(root / "notebooks" / "sleeper.ipynb"))
+    (root / "hypotheses" / "nap-pool.yaml").write_text(RECORD.format(id="nap-pool", extra=""))
+    (root / "hypotheses" / "nap-every.yaml").write_text(RECORD.format(id="nap-every", extra="machines: every\n"))
+    project = Project(root)
+    lines: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
+        mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)  # sleeps: load-proof
+        report = run(
+            project,
+            all=True,
+            replicates=6,
+            budget_s=0,
+            timeout_s=120,
+            cluster="local:2x1:slowdown=1,1.1",
+            out=lines.append,
+        )
+    return project, report, lines
+
+
+def test_replicates_on_a_simulated_pool_name_their_machines_evenly(pooled):
+    project, report, lines = pooled
+    assert any("2 workers on 2 machines simulated on this host (sim0, sim1)" in line for line in lines), lines[:5]
+    executions = [x for h in report.results.hypotheses for x in h.executions]
+    by_machine = {}
+    for x in executions:
+        by_machine.setdefault(x.machine_id, set()).add(x.replicate)
+    assert len(by_machine) == 2 and all(i.endswith(("/sim0", "/sim1")) for i in by_machine)
+    assert sorted(len(r) for r in by_machine.values()) == [3, 3]  # each machine a share of every execution
+    assert by_machine[min(by_machine)] | by_machine[max(by_machine)] == set(range(6))
+
+
+def test_the_pool_claim_reports_the_machines_apart_and_a_row_per_machine(pooled):
+    project, report, _ = pooled
+    result = {h.id: h for h in report.results.hypotheses}["nap-pool"]
+    m = result.measured
+    assert m.machines == 2 and m.replicates == 6
+    assert 0.04 < m.between_machines < 0.1, m  # 10 against 11 ms: the two machine means 7% apart (sd)
+    assert "on 2 machines" in m.evidence()
+    rows = {row.machine.rsplit("/", 1)[1]: row for row in result.per_machine}
+    assert set(rows) == {"sim0", "sim1"}
+    slow, fast = rows["sim1"].measured.value, rows["sim0"].measured.value
+    assert 1.07 < slow / fast < 1.13, (slow, fast)  # the 10% the simulation put there
+    ledger = (project.root / "hypotheses" / "LEDGER.md").read_text()
+    assert "per machine" in ledger and "/sim1" in ledger
+
+
+def test_a_claim_about_every_machine_is_decided_by_the_worst(pooled):
+    _, report, _ = pooled
+    result = {h.id: h for h in report.results.hypotheses}["nap-every"]
+    verdicts = {row.machine.rsplit("/", 1)[1]: row.verdict for row in result.per_machine}
+    assert verdicts == {"sim0": "confirmed", "sim1": "refuted"}, result.per_machine
+    assert result.verdict == "refuted" and "on every machine" in result.reason and "/sim1" in result.reason
+
+
+def test_a_pool_spec_is_checked_before_anything_starts():
+    from perfkit.errors import UserError
+    from perfkit.experiment.run.cluster import Simulated
+
+    assert Simulated.parse("local:3") == Simulated(1, 3, (1.0,))
+    assert Simulated.parse("local:2x2:slowdown=1,1.5") == Simulated(2, 2, (1.0, 1.5))
+    for bad in ("local:0", "local:2x", "local:2x1:slowdown=1", "local:2x1:speed=1,2", "local:2x1:slowdown=1,-2"):
+        with pytest.raises(UserError, match="local:MxN"):
+            Simulated.parse(bad)

@@ -7,11 +7,14 @@ A machine without a driver gets one line saying why (`nvml().note`), never a tra
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 import platform
+from pathlib import Path
 
-__all__ = ["cpu_model", "nvml", "gpu_names", "fingerprint_inputs", "fingerprint"]
+__all__ = ["cpu_model", "nvml", "gpu_names", "fingerprint_inputs", "fingerprint", "machine_id", "identity"]
 
 
 def cpu_model() -> str:
@@ -100,6 +103,38 @@ def fingerprint(inputs: dict | None = None) -> str:
     inputs = fingerprint_inputs() if inputs is None else inputs
     text = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+MACHINE_ID = "PERFKIT_MACHINE_ID"  # set: this machine's id (a simulated machine's, or one a container shares)
+
+
+def machine_id() -> str:
+    """This machine's id, stable across runs and reboots: $PERFKIT_MACHINE_ID, else a short hash of the
+    OS's machine id (/etc/machine-id, systemd's and dbus's) with the host name (containers cloned from
+    one image may share the file), else of the host name alone."""
+    given = os.environ.get(MACHINE_ID, "").strip()
+    if given:
+        return given
+    seed = ""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            seed = Path(path).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if seed:
+            break
+    return hashlib.sha256(f"{seed}/{platform.node()}".encode()).hexdigest()[:12]
+
+
+@functools.lru_cache(maxsize=1)
+def _identity(given: str) -> dict:
+    return {"id": machine_id(), "host": platform.node(), "cpu": cpu_model(), "gpus": gpu_names()}
+
+
+def identity() -> dict:
+    """The machine a replicate ran on, as an execution records it: its `id` (machine_id), `host`, `cpu`
+    model and `gpus` (NVML's names; empty without a driver)."""
+    return dict(_identity(os.environ.get(MACHINE_ID, "")))
 
 
 def governor() -> str | None:

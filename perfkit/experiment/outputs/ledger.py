@@ -90,6 +90,22 @@ def _against(result) -> str:
     return f"{measured} vs {result.expected}" if measured else f"nothing measured (expected {result.expected})"
 
 
+def _per_machine(result) -> list[str]:
+    """Folded, a row per machine when the standing measurement's replicates ran on several."""
+    if not result.per_machine:
+        return []
+    rows = []
+    for m in result.per_machine:
+        measured = m.measured.text() if m.measured else "nothing measured"
+        rows.append(
+            f"| {code(m.machine)} | {cell(m.label)} | {cell(m.verdict or '')} | {cell(measured)} | "
+            f"{cell(m.measured.evidence() or '') if m.measured else cell(m.reason or '')} |"
+        )
+    summary = f"per machine: {len(rows)} machines"
+    header = ["| machine | host (CPU) | its own verdict | measured | evidence |", "|---|---|---|---|---|"]
+    return [f"<details><summary>{summary}</summary>", "", *header, *rows, "", "</details>", ""]
+
+
 def _section(hid: str, runs: list[Entry]) -> list[str]:
     """A hypothesis's own section: its verdict in words, the evidence, its plot at a readable width, its history."""
     latest = standing(runs)
@@ -106,6 +122,7 @@ def _section(hid: str, runs: list[Entry]) -> list[str]:
             f'alt="{cell(hid)}: {r.verdict}"></a>',
             "",
         ]
+    lines += _per_machine(r)
     header = ["| run | how | verdict | measured [95% interval] | note |", "|---|---|---|---|---|"]
     previous = [before(runs, e) for e in runs]
     rows = [_history_row(e, p) for e, p in zip(runs, previous)]

@@ -24,6 +24,10 @@ Format history (`format_version`), the same numbers for both files:
   9: a result's `measured` has the `spread` of its unit estimates (log scale when `log`), for a later
      run's forecast; an execution says what its `setup_s` cost (from its launch to its first recording cell) and
      whether it was `warm` (forked from its round's template) or a fresh process (null: not said).
+  10: an execution says the `machine` it ran on (`id`, stable across runs, `host`, `cpu`, `gpus`; null:
+     not said, one machine of the run); a result's `measured` says over how many `machines` its interval
+     was taken and their own spread (`between_machines`, a share of the value; null: one machine), and
+     `per_machine` holds each machine's own measurement when there were several.
 Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file is refused.
 """
 
@@ -122,6 +126,19 @@ def _8_to_9(old: dict) -> dict:
     return old
 
 
+def _9_to_10(old: dict) -> dict:
+    """Earlier replicates did not say which machine they ran on; earlier results were of one machine."""
+    for h in old.get("hypotheses", []):
+        if isinstance(h, dict):
+            h.setdefault("per_machine", [])
+            if isinstance(h.get("measured"), dict):
+                h["measured"].setdefault("machines", None)
+                h["measured"].setdefault("between_machines", None)
+    for x in _executions_in(old):
+        x.setdefault("machine", None)
+    return old
+
+
 UPGRADES: dict[int, Callable[[dict], dict]] = {
     1: _1_to_2,
     2: _2_to_3,
@@ -131,4 +148,5 @@ UPGRADES: dict[int, Callable[[dict], dict]] = {
     6: _6_to_7,
     7: _7_to_8,
     8: _8_to_9,
+    9: _9_to_10,
 }

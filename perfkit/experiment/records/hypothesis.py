@@ -29,6 +29,8 @@ The record, hypotheses/<id>.yaml:
       replicates: 5                   # optional: kernel processes per execution (default: the run's)
       samples: {repeat: [10, 80]}     # optional: sample counts perfkit may choose from (replicates.py)
     tags: [case-study]
+    machines: pool                    # optional, over several machines: the claim is about the pool (a
+                                      # kind of machine; default) or must hold on `every` machine
 """
 
 from __future__ import annotations
@@ -49,7 +51,18 @@ from perfkit.paths import Project, find_project
 
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,119}\Z")  # at most 120: <id>.png and its temporary names fit a file name
 
-_TOP_KEYS = {"id": True, "claim": True, "rationale": True, "expect": True, "probe": True, "tags": False}
+_TOP_KEYS = {
+    "id": True,
+    "claim": True,
+    "rationale": True,
+    "expect": True,
+    "probe": True,
+    "tags": False,
+    "machines": False,
+}
+#: what a claim is about when its replicates ran on several machines: the pool (a kind of machine, the default)
+#: or every machine (each must satisfy it: the worst machine decides)
+MACHINES = ("pool", "every")
 _PROBE_KEYS = {
     "notebook": True,
     "params": False,
@@ -111,6 +124,7 @@ class Hypothesis:
     tags: tuple[str, ...]
     path: Path
     hash: str  # of the parsed record; a verdict is stale when this changes
+    machines: str = "pool"  # one of MACHINES
 
 
 def _check_expect(checker: Checker, raw: Any) -> Expect | None:
@@ -358,6 +372,9 @@ def load_hypothesis(path: Path, project: Project, *, notebook_cache: dict | None
             checker.fail(("tags",), "expected a list of slugs (lowercase letters, digits and dashes)")
         else:
             tags = tuple(data["tags"])
+    machines = data.get("machines", "pool")
+    if machines not in MACHINES:
+        checker.fail(("machines",), f"expected one of {', '.join(MACHINES)}, got {machines!r}")
     expect = _check_expect(checker, data["expect"]) if "expect" in data else None
     probe = (
         _check_probe(checker, data["probe"], project, notebook_cache if notebook_cache is not None else {})
@@ -382,6 +399,7 @@ def load_hypothesis(path: Path, project: Project, *, notebook_cache: dict | None
         tags=tags,
         path=Path(path),
         hash=record_hash(data),
+        machines=machines,
     )
 
 

@@ -29,12 +29,13 @@ from perfkit.experiment.records.hypothesis import SLUG
 
 # stored as they are judged; defined with the verdict's words, so that this reader may use the hypothesis's rules
 from perfkit.experiment.records.verdict import Floor as Floor
+from perfkit.experiment.records.verdict import MachineMeasured as MachineMeasured
 from perfkit.experiment.records.verdict import Measured as Measured
 from perfkit.files import VERSION_KEY, Reader, dumps, encode_number, read_json, upgrade, write_atomic, write_json
 from perfkit.paths import Project
 from perfkit.samples import MetricRecord
 
-FORMAT_VERSION = 9
+FORMAT_VERSION = 10
 VERDICTS = ("confirmed", "refuted", "inconclusive", "error")
 PLANNED = "planned"
 STATUSES = (PLANNED, "ok", "error", "timeout", "crashed")
@@ -104,6 +105,7 @@ class Execution:
     server: dict[str, Any] | None = None  # the live server it measured (experiment/served.py), if it drove one
     setup_s: float | None = None  # from its launch to its first recording cell: kernel, imports, engine, server
     warm: bool | None = None  # forked from its round's template (experiment/warm.py); False: a fresh process
+    machine: dict[str, Any] | None = None  # where it ran: `id` (stable across runs), `host`, `cpu`, `gpus`
 
     def label(self) -> str:
         shown = " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
@@ -143,7 +145,20 @@ class Execution:
             server=r.get("server", dict, optional=True),
             setup_s=r.number("setup_s", optional=True),
             warm=r.get("warm", bool, optional=True),
+            machine=_machine(r),
         )
+
+    @property
+    def machine_id(self) -> str:
+        """The machine it ran on ("" when not said: before format 10, one machine of the run)."""
+        return str((self.machine or {}).get("id") or "")
+
+
+def _machine(r: Reader) -> dict[str, Any] | None:
+    machine = r.get("machine", dict, optional=True)
+    if machine is not None and not (isinstance(machine.get("id"), str) and machine["id"]):
+        raise RecordError("a replicate's machine needs its `id`, a string", path=r.path, field=r.field("machine"))
+    return machine
 
 
 # ---------------------------------------------------------------- compact: what the ledger reads
@@ -183,12 +198,14 @@ class HypothesisResult:
     stopped: str | None = None  # why the run added no more replicates (format 3 on)
     not_reproduced: str | None = None  # unchanged since the last verdict, yet disjoint from its interval
     changed: str | None = None  # what differs from the standing measurement's executions, and how far it moved
+    per_machine: tuple[MachineMeasured, ...] = ()  # each machine's own measurement, when there were several
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if k != "executions"}
-        if data["measured"]:
-            for key in ("value", "low", "high", "between", "spread"):
-                data["measured"][key] = _number_json(data["measured"][key])
+        for measured in [data["measured"], *(m["measured"] for m in data["per_machine"])]:
+            for key in ("value", "low", "high", "between", "spread", "between_machines"):
+                if measured:
+                    measured[key] = _number_json(measured[key])
         for m in data["metrics"]:
             for key in ("mean", "low", "high", "std", "between"):
                 m[key] = _number_json(m[key])
@@ -203,7 +220,6 @@ class HypothesisResult:
         m = r.child("measured", optional=True)
         f = r.child("floor", optional=True)
         plot = r.get("plot", str, optional=True)
-        value, low, high = _interval(m, ("value", "low", "high")) if m is not None else (None,) * 3
         floor = _interval(f, ("value", "low", "high"), optional=True) if f is not None else (None,) * 3
         if plot is not None and (not plot.startswith("plots/") or ".." in Path(plot).parts or "\\" in plot):
             raise RecordError(
@@ -217,21 +233,7 @@ class HypothesisResult:
             expected=r.get("expected", str),
             verdict=r.choice("verdict", VERDICTS),
             reason=r.get("reason", str, optional=True),
-            measured=None
-            if m is None
-            else Measured(
-                label=m.get("label", str),
-                unit=m.unit("unit", optional=True),
-                value=value,
-                low=low,
-                high=high,
-                replicates=m.get("replicates", int, optional=True),
-                samples=m.get("samples", int, optional=True),
-                between=m.number("between", optional=True),
-                confidence=m.number("confidence", optional=True),
-                spread=m.number("spread", optional=True, nan=False),
-                log=m.get("log", bool, optional=True),
-            ),
+            measured=None if m is None else _measured(m),
             off_by=r.get("off_by", str, optional=True),
             floor=None
             if f is None
@@ -266,7 +268,36 @@ class HypothesisResult:
             stopped=r.get("stopped", str, optional=True),
             not_reproduced=r.get("not_reproduced", str, optional=True),
             changed=r.get("changed", str, optional=True),
+            per_machine=tuple(
+                MachineMeasured(
+                    machine=c.get("machine", str),
+                    label=c.get("label", str),
+                    measured=None if c.child("measured", optional=True) is None else _measured(c.child("measured")),
+                    verdict=c.choice("verdict", VERDICTS) if c.get("verdict", str, optional=True) else None,
+                    reason=c.get("reason", str, optional=True),
+                )
+                for c in (r.children("per_machine") if r.get("per_machine", list, optional=True) else ())
+            ),
         )
+
+
+def _measured(m: Reader) -> Measured:
+    value, low, high = _interval(m, ("value", "low", "high"))
+    return Measured(
+        label=m.get("label", str),
+        unit=m.unit("unit", optional=True),
+        value=value,
+        low=low,
+        high=high,
+        replicates=m.get("replicates", int, optional=True),
+        samples=m.get("samples", int, optional=True),
+        between=m.number("between", optional=True),
+        confidence=m.number("confidence", optional=True),
+        spread=m.number("spread", optional=True, nan=False),
+        log=m.get("log", bool, optional=True),
+        machines=m.get("machines", int, optional=True),
+        between_machines=m.number("between_machines", optional=True),
+    )
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ class Measured:
     )
     spread: float | None = None  # standard deviation of its unit estimates (log scale when `log`; format 9 on)
     log: bool | None = None  # the interval was taken on the log scale
+    machines: int | None = None  # machines the interval was taken over, each one unit (None: one machine)
+    between_machines: float | None = None  # the machines' own spread, as a share of the value (format 10 on)
 
     def text(self) -> str:
         """'0.18 ms [0.16, 0.21]', 'share 2.47% [1.05, 4.17]': the one way a measured value is written."""
@@ -56,6 +58,11 @@ class Measured:
             level = f"; a {self.level()} interval (its look's share of the 5%: the run could look again)"
         if self.replicates == 1:
             return f"1 process{per}{level}"
+        if self.machines and self.machines > 1:
+            apart = ""
+            if self.between_machines is not None:
+                apart = f", the machines {units.format_number(100 * self.between_machines)}% apart (sd)"
+            return f"{self.replicates} processes{per} on {self.machines} machines{apart}{level}"
         between = f", {self.between:.0%} of the variance between them" if self.between is not None else ""
         return f"{self.replicates} processes{per}{between}{level}"
 
@@ -117,6 +124,7 @@ class Point:
     breakdown: str | None = None
     records: int = 1
     duplicated: bool = False
+    machines: tuple[str, ...] | None = None  # the machine each replicate ran on (None: not said, one machine)
 
     def where(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in sorted(self.at.items())) or "the only point"
@@ -124,6 +132,17 @@ class Point:
     def samples(self) -> list[float]:
         """Every sample of every replicate."""
         return [s for r in self.replicates for s in r]
+
+
+@dataclass(frozen=True)
+class MachineMeasured:
+    """One machine's own measurement, when a verdict rests on replicates of several machines."""
+
+    machine: str  # its id (stable across runs)
+    label: str  # its host and CPU, for a reader
+    measured: Measured | None  # None: nothing to measure on it (its `reason` says why)
+    verdict: str | None = None  # the claim judged on its replicates alone
+    reason: str | None = None  # why that verdict, when it is not confirmed
 
 
 @dataclass(frozen=True)
@@ -137,6 +156,7 @@ class Judgement:
     warnings: tuple[str, ...] = ()
     used: tuple[Point, ...] = ()  # the records the verdict was computed from (for plots, summaries)
     needed: int | None = None  # replicates that would likely decide an inconclusive verdict
+    per_machine: tuple[MachineMeasured, ...] = ()  # each machine's own measurement, when there were several
 
     def line(self) -> str:
         """One readable line: 'measured 0.18 ms [0.16, 0.21], 1,100x below the expected 200 ms'."""

@@ -9,6 +9,15 @@ as its working directory, in its own kernel process under the same per-probe tim
 with a utilization trace of that worker's machine, and sends back the executed notebook, its
 records, its log, the trace and the worker's machine in words. Nothing else is written remotely.
 
+Machines: the workers are grouped by the machine they run on (their host), and the replicates of
+every execution are spread evenly over those machines: replicate r goes to machine (r + s) mod M,
+with s drawn from the run's id, so replicate r of every execution (every point of a sweep) shares
+one machine and each machine measures a share of each execution. Each replicate records its
+machine; the verdict then treats the machine as a level above the process (perfkit/stats.py).
+`--cluster local:MxN` simulates a pool of M machines of N workers each on this host, each with its
+own CPUs and its own machine id (`<this machine's id>/sim<k>`); `local:MxN:slowdown=1,1.1` gives
+machine k's probes PERFKIT_SIMULATED_SLOWDOWN (a probe of known truth multiplies what it sleeps by it).
+
 Measurement isolation: every execution asks for the `measure` resource, and a worker offers one
 (`dask worker ADDRESS --nworkers 1 --nthreads 1 --resources measure=1`), so two executions never
 share a worker; start one worker per machine (or per GPU, with CUDA_VISIBLE_DEVICES) for
@@ -25,7 +34,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import platform
 import shutil
 import tempfile
 import threading
@@ -40,8 +48,9 @@ from perfkit.errors import UserError
 from perfkit.experiment.records import code, config
 from perfkit.experiment.records.results import Execution
 from perfkit.experiment.run import execute as executor
+from perfkit.experiment.run.options import Simulated
 from perfkit.files import Reader, write_atomic
-from perfkit.machine import fitness
+from perfkit.machine import devices, fitness
 from perfkit.paths import Project
 
 RESOURCE = "measure"  # one per worker: the scheduler never runs two executions on one worker
@@ -57,30 +66,37 @@ def _distributed():
     return distributed
 
 
+#: the simulated pool behind a client `connect` started (none: a real cluster, or local:N)
+_SIMULATED: dict[int, Simulated] = {}
+
+
 def connect(spec: str, *, timeout_s: float = 5.0):
-    """A Dask client: `local:N` starts a LocalCluster of N single-threaded worker processes here."""
+    """A Dask client: `local:N` starts a LocalCluster of N single-threaded worker processes here,
+    `local:MxN` one of M x N workers standing for M machines (Simulated)."""
     distributed = _distributed()
     import dask
 
+    if spec.startswith("slurm:"):  # workers in Slurm jobs: perfkit/experiment/run/slurm.py
+        from perfkit.experiment.run import slurm
+
+        return slurm.connect(spec, resource=RESOURCE)
     if spec.startswith("local:"):
-        try:
-            n = int(spec.split(":", 1)[1])
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise UserError(f"--cluster local:N needs a number of workers >= 1, got {spec!r}")
+        simulated = Simulated.parse(spec)
         environ = dict(os.environ)  # Dask sets OMP_NUM_THREADS=1 and more here for its workers: not ours to keep
         try:
             with dask.config.set({"distributed.scheduler.allowed-failures": 1}):  # one retry after a lost worker
                 cluster = distributed.LocalCluster(
-                    n_workers=n,
+                    n_workers=simulated.machines * simulated.per_machine,
                     threads_per_worker=1,
                     processes=True,
                     resources={RESOURCE: 1},
                     dashboard_address=None,
                     silence_logs=40,
                 )
-                return distributed.Client(cluster)
+                client = distributed.Client(cluster)
+                if simulated.machines > 1:
+                    _SIMULATED[id(client)] = simulated
+                return client
         finally:
             os.environ.clear()
             os.environ.update(environ)
@@ -131,6 +147,38 @@ def host_slots(client) -> dict[str, tuple[int, int]]:
     return {a: (i, len(addresses)) for addresses in by_host.values() for i, a in enumerate(addresses)}
 
 
+def machines(client) -> dict[str, list[str]]:
+    """The measuring workers of each machine, machines and workers in a stable order: by host, or by
+    simulated machine (`local:MxN`: worker name // N) under this host's id."""
+    workers = client.scheduler_info().get("workers", {})
+    measuring = sorted(a for a in workers if workers[a].get("resources", {}).get(RESOURCE))
+    simulated = _SIMULATED.get(id(client))
+    found: dict[str, list[str]] = {}
+    for address in measuring:
+        if simulated is not None:
+            name = f"sim{int(workers[address].get('name', 0)) // simulated.per_machine}"
+        else:
+            name = workers[address].get("host") or address
+        found.setdefault(name, []).append(address)
+    return dict(sorted(found.items()))
+
+
+def simulated_machine(client, name: str) -> dict | None:
+    """What a simulated machine's workers are told: its id and slowdown (None: a real machine)."""
+    simulated = _SIMULATED.get(id(client))
+    if simulated is None:
+        return None
+    k = int(name.removeprefix("sim"))
+    return {"id": f"{devices.machine_id()}/{name}", "name": name, "slowdown": simulated.slowdown[k]}
+
+
+def machine_for(replicate: int, names: list[str], run_id: str) -> str:
+    """Which machine replicate `replicate` of every execution runs on: spread evenly, starting at a
+    machine drawn from the run's id (the same for every execution, so a sweep's replicate r is one machine's)."""
+    start = int(hashlib.sha256(run_id.encode()).hexdigest(), 16) % len(names)
+    return names[(replicate + start) % len(names)]
+
+
 def offered(client) -> dict[str, float]:
     """The most of each resource any one worker offers."""
     most: dict[str, float] = {}
@@ -155,8 +203,10 @@ def check_resources(client, needs: dict[str, dict[str, float]], labels: dict[str
 def where(client) -> str:
     """The cluster in words, for the run's first line."""
     workers = client.scheduler_info().get("workers", {})
-    hosts = sorted({w.get("host", "?") for w in workers.values()})
-    return f"{len(workers)} workers on {len(hosts)} machine{'s' if len(hosts) != 1 else ''} ({', '.join(hosts)})"
+    found = machines(client)
+    simulated = " simulated on this host" if id(client) in _SIMULATED else ""
+    plural = "s" if len(found) != 1 else ""
+    return f"{len(workers)} workers on {len(found)} machine{plural}{simulated} ({', '.join(found)})"
 
 
 def archive(project: Project) -> tuple[str, bytes]:
@@ -241,8 +291,6 @@ def run_on_worker(shipped: dict[str, Any], request: dict[str, Any]) -> dict[str,
 
     `request` holds the planned execution (`planned`, as JSON), `notebook`, `run_id`, `timeout_s` and `extra`.
     """
-    from perfkit.machine import devices
-
     code_root = unpacked(shipped)
     cpus = None
     try:
@@ -259,6 +307,11 @@ def run_on_worker(shipped: dict[str, Any], request: dict[str, Any]) -> dict[str,
             write_atomic(notebook, source)
         # the run's count, not Dask's (its nanny sets OMP_NUM_THREADS=1 for every worker)
         env = fitness.thread_env(request["threads"])
+        machine = devices.identity()
+        simulated = (request.get("simulated") or {}).get(_distributed().get_worker().address)
+        if simulated is not None:  # one of the machines `local:MxN` stands for
+            machine = {**machine, "id": simulated["id"], "host": f"{machine['host']}/{simulated['name']}"}
+            env |= {devices.MACHINE_ID: simulated["id"], "PERFKIT_SIMULATED_SLOWDOWN": repr(simulated["slowdown"])}
         ended = executor.measure(
             executor.Job(
                 planned=Execution.from_json(Reader(request["planned"], "planned execution")),
@@ -272,6 +325,7 @@ def run_on_worker(shipped: dict[str, Any], request: dict[str, Any]) -> dict[str,
                 env=env,
                 extra=request["extra"],
                 cpus=cpus,
+                machine=machine,
             )
         )
         files = {p.name: p.read_bytes() for p in (root / "exec").iterdir() if p.is_file()}
@@ -280,7 +334,7 @@ def run_on_worker(shipped: dict[str, Any], request: dict[str, Any]) -> dict[str,
             "cells": [list(c) for c in ended.cells],
             "files": files,
             "trace": ended.trace,
-            "host": platform.node(),
+            "host": machine["host"],
             "machine": devices.describe(),
             "threads": env.get("OMP_NUM_THREADS"),
         }
@@ -314,8 +368,12 @@ def execute(
     distributed = _distributed()
     futures = {}
     slots = host_slots(client)
+    pool = machines(client)
+    names = list(pool)
+    simulated = {a: simulated_machine(client, name) for name, addresses in pool.items() for a in addresses}
     for request in batch.requests:
         planned = request.planned
+        machine = machine_for(planned.replicate, names, batch.run_id) if len(names) > 1 else None
         sent = {
             "planned": planned.to_json(),
             "notebook": planned.notebook,
@@ -324,12 +382,15 @@ def execute(
             "extra": request.extra,
             "threads": planned.threads or fitness.threads_for(),
             "slots": slots,
+            "simulated": simulated if id(client) in _SIMULATED else None,
         }
         future = client.submit(
             run_on_worker,
             batch.shipped,
             sent,
             resources={RESOURCE: 1, **request.resources},
+            # its machine's share, not any worker; a machine whose workers are all gone: another, not a hang
+            **({"workers": pool[machine], "allow_other_workers": True} if machine is not None else {}),
             pure=False,
             key=f"perfkit-{batch.run_id}-{planned.key}-r{planned.replicate}-{time.monotonic_ns()}",
         )
@@ -354,6 +415,7 @@ def execute(
 def close(client) -> None:
     """Close the client, and the LocalCluster it started."""
     owned = getattr(client, "cluster", None)
+    _SIMULATED.pop(id(client), None)
     client.close()
     if owned is not None:
         owned.close()

@@ -32,6 +32,7 @@ from perfkit.experiment.run.executed import (
     setup_seconds,
 )
 from perfkit.files import write_atomic
+from perfkit.machine import devices
 from perfkit.machine.fitness import cpu_list
 from perfkit.paths import format_literal
 
@@ -104,6 +105,7 @@ class Job:
     extra: dict[str, object] | None = None  # parameters the plan does not key on (the replicate index)
     cpus: tuple[int, ...] | None = None  # the CPUs it runs on, its own while others run at once (None: all)
     template: warm_replicates.Template | None = None  # the round's template it forks from (None: a fresh process)
+    machine: dict | None = None  # the machine it runs on, as devices.identity() says (None: this one's)
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,7 @@ def execute(job: Job, *, launched: Callable[[int], None] | None = None) -> Ended
         cpus=cpu_list(job.cpus) if job.cpus else None,
         setup_s=setup_seconds(nb, launched_at) if nb is not None else None,
         warm=job.template is not None,
+        machine=job.machine or devices.identity(),
     )
     try:
         records, unreadable = (tuple(records_in(nb, str(output))) if nb is not None else ()), None

@@ -18,7 +18,14 @@ from perfkit.errors import UserError
 from perfkit.experiment.records import compare
 from perfkit.experiment.records.hypothesis import Hypothesis
 from perfkit.experiment.records.results import Execution, HypothesisResult, MetricSummary
-from perfkit.experiment.records.verdict import UNFIT_REASON, Inconclusive, Judgement, Point, Verdict
+from perfkit.experiment.records.verdict import (
+    UNFIT_REASON,
+    Inconclusive,
+    Judgement,
+    MachineMeasured,
+    Point,
+    Verdict,
+)
 from perfkit.samples import MetricRecord
 
 
@@ -70,6 +77,7 @@ def merge_points(executions: list[Execution], sweep_param: str | None) -> list[P
     points = []
     for entries in groups.values():
         _, first, at = entries[0]
+        machines = tuple(x.machine_id for x, _, _ in entries)
         points.append(
             Point(
                 name=first.name,
@@ -80,6 +88,7 @@ def merge_points(executions: list[Execution], sweep_param: str | None) -> list[P
                 breakdown=first.breakdown,
                 records=len(entries),
                 duplicated=len(entries) != len({(x.key, x.replicate) for x, _, _ in entries}),
+                machines=machines if all(machines) else None,
             )
         )
     return points
@@ -121,15 +130,81 @@ def _verdict(hypothesis: Hypothesis, evidence: Evidence, confidence: float) -> J
         return Judgement(verdict=Verdict.INCONCLUSIVE, reason=evidence.unfit, expected=expect.expected())
     if evidence.problem:
         return Judgement(verdict=Verdict.ERROR, reason=evidence.problem, expected=expect.expected())
+    machines = machines_of(evidence.executions)
+    every = hypothesis.machines == "every" and len(machines) > 1
     try:
         judgement = expect.judge(list(evidence.points), confidence=confidence)
+        per_machine = tuple(
+            _on_machine(hypothesis, evidence, machine, label, confidence, every) for machine, label in machines.items()
+        )
     except Inconclusive as exc:
         return Judgement(verdict=Verdict.INCONCLUSIVE, reason=str(exc), expected=expect.expected())
     except UserError as exc:  # a record and the expectation in units of different dimensions
         return Judgement(verdict=Verdict.ERROR, reason=f"cannot compare: {exc}", expected=expect.expected())
+    if len(machines) > 1:
+        judgement = _over_machines(judgement, per_machine, every)
     if evidence.left_out:
         judgement = replace(judgement, warnings=(evidence.left_out, *judgement.warnings))
     return _finite(judgement)
+
+
+def machines_of(executions) -> dict[str, str]:
+    """The machines the usable replicates ran on, id -> a label for a reader ("host (CPU)"), in id order."""
+    found = {}
+    for x in executions:
+        if x.machine_id and x.status == "ok" and not x.unfit:
+            found.setdefault(x.machine_id, f"{x.machine.get('host') or x.machine_id} ({x.machine.get('cpu') or '?'})")
+    return dict(sorted(found.items()))
+
+
+def _on_machine(
+    hypothesis: Hypothesis, evidence: Evidence, machine: str, label: str, confidence: float, every: bool
+) -> MachineMeasured:
+    """One machine's own measurement: the claim judged on its replicates alone. When the claim must hold
+    on every machine, each of the M is judged at 1 - (1 - confidence) / M, so that a wrong refutation
+    of any of them stays within the run's error (Bonferroni); otherwise at the run's level."""
+    count = len(machines_of(evidence.executions))
+    level = 1 - (1 - confidence) / count if every else confidence
+    points = [on_machine(p, machine) for p in evidence.points]
+    try:
+        own = hypothesis.expect.judge([p for p in points if p.replicates], confidence=level)
+    except Inconclusive as exc:
+        return MachineMeasured(machine, label, None, Verdict.INCONCLUSIVE.value, str(exc))
+    return MachineMeasured(machine, label, own.measured, own.verdict.value, own.reason)
+
+
+def on_machine(point: Point, machine: str) -> Point:
+    """The point with only the replicates that ran on `machine`."""
+    keep = [i for i, m in enumerate(point.machines or ()) if m == machine]
+    return replace(point, replicates=tuple(point.replicates[i] for i in keep), machines=(machine,) * len(keep))
+
+
+#: the order in which one machine's verdict outweighs another's when the claim must hold on every machine
+_WORST = (Verdict.REFUTED.value, Verdict.INCONCLUSIVE.value, Verdict.CONFIRMED.value)
+
+
+def _over_machines(pooled: Judgement, per_machine: tuple[MachineMeasured, ...], every: bool) -> Judgement:
+    """The pooled judgement with each machine's row; for a claim about every machine, the worst machine's
+    verdict (refuted on any, confirmed only on all), said with that machine's name."""
+    judgement = replace(pooled, per_machine=per_machine)
+    if not every:
+        if judgement.verdict == Verdict.INCONCLUSIVE and judgement.measured is not None:
+            more = (
+                f"the interval's units are the {len(per_machine)} machines: more machines of this kind, not more "
+                "replicates on these, would narrow it (or a claim about every machine: `machines: every`)"
+            )
+            judgement = replace(judgement, warnings=(*judgement.warnings, more), needed=None)
+        return judgement
+    worst = min(per_machine, key=lambda m: _WORST.index(m.verdict) if m.verdict in _WORST else 0)
+    if worst.verdict == Verdict.CONFIRMED.value:
+        return replace(judgement, reason=None)
+    why = worst.reason or (f"measured {worst.measured.text()}" if worst.measured else "")
+    return replace(
+        judgement,
+        verdict=Verdict(worst.verdict),
+        reason=f"the claim must hold on every machine; on {worst.label}: {why}".rstrip(": "),
+        needed=None,
+    )
 
 
 def _finite(judgement: Judgement) -> Judgement:
@@ -176,7 +251,7 @@ def summaries(item: Judged) -> tuple[MetricSummary, ...]:
         values = point.samples()
         mean = low = high = std = between = None
         if values and stats.is_clean(values):
-            est = stats.mean_estimate(point.replicates, confidence=item.confidence)
+            est = stats.mean_estimate(point.replicates, confidence=item.confidence, machines=point.machines)
             mean, low, high, std = est.value, est.low, est.high, stats.summarize(values).std
             between = stats.between_share(point.replicates)
         out.append(
@@ -261,4 +336,5 @@ def to_result(item: Judged) -> HypothesisResult:
         metrics=summaries(item),
         stopped=item.stopped,
         executions=tuple(replace(x, records=()) for x in item.executions),
+        per_machine=j.per_machine,
     )

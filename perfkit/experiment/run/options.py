@@ -53,16 +53,52 @@ _ADDRESS = re.compile(r"^(?:(?P<scheme>[a-z]+)://)?(?P<host>[A-Za-z0-9_.-]+|\[[0
 _SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
 
 
+@dataclass(frozen=True)
+class Simulated:
+    """`local:MxN[:slowdown=F1,...,FM]`: M simulated machines of N workers on this host."""
+
+    machines: int
+    per_machine: int
+    slowdown: tuple[float, ...]  # one factor per machine (1: as fast as this host)
+
+    @classmethod
+    def parse(cls, spec: str) -> Simulated:
+        """From `local:N` (one machine) or `local:MxN[:slowdown=...]`; a UserError says what is wrong."""
+        usage = "--cluster local:N or local:MxN[:slowdown=F1,...,FM] (M machines of N workers each)"
+        body, _, options = spec.removeprefix("local:").partition(":")
+        try:
+            machines, per = (int(x) for x in body.split("x")) if "x" in body else (1, int(body))
+        except ValueError:
+            raise UserError(f"{usage}; got {spec!r}") from None
+        if machines < 1 or per < 1:
+            raise UserError(f"{usage}, each at least 1; got {spec!r}")
+        slowdown = (1.0,) * machines
+        if options:
+            key, _, given = options.partition("=")
+            try:
+                slowdown = tuple(float(x) for x in given.split(","))
+            except ValueError:
+                slowdown = ()
+            if key != "slowdown" or len(slowdown) != machines or not all(0 < f < 1000 for f in slowdown):
+                raise UserError(f"{usage}: slowdown needs one positive factor per machine ({machines}); got {spec!r}")
+        return cls(machines, per, slowdown)
+
+
 def check_cluster(spec: str) -> None:
-    """`--cluster`: local:N with N from 1 to this machine's cores, or a scheduler's [scheme://]host:port;
-    one line naming what is wrong otherwise, before anything starts."""
+    """`--cluster`: local:N (or local:MxN) with N (M x N) from 1 to this machine's cores, or a scheduler's
+    [scheme://]host:port; one line naming what is wrong otherwise, before anything starts."""
+    if spec.startswith("slurm:"):  # its keys: perfkit/experiment/run/slurm.py
+        from perfkit.experiment.run import slurm
+
+        slurm.parse(spec)
+        return
     if spec.startswith("local:"):
         cores = len(os.sched_getaffinity(0))
-        n = spec[6:]
-        if not n.isdigit() or len(n) > 6 or not 1 <= int(n) <= cores:
+        pool = Simulated.parse(spec[:80])
+        if pool.machines * pool.per_machine > cores:
             raise UserError(
-                f"--cluster {spec[:40]}: local:N takes N from 1 to {cores}, this machine's cores "
-                "(each worker measures on CPUs of its own)"
+                f"--cluster {spec[:40]}: local:N (local:MxN) takes N (M x N) from 1 to {cores}, this machine's "
+                "cores (each worker measures on CPUs of its own)"
             )
         return
     found = _ADDRESS.match(spec)

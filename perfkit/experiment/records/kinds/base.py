@@ -142,6 +142,20 @@ def same_point(points: list[Point], name: str, at: dict[str, Any]) -> Point:
     return found[0]
 
 
+def machines_of(points: list[Point]) -> tuple[str, ...] | None:
+    """The machine each replicate ran on, for estimates that combine points replicate by replicate
+    (replicate r of every point is one process): the points must agree, or the pairing is wrong."""
+    labels = {p.machines for p in points}
+    if len(labels) == 1:
+        return next(iter(labels))
+    if None in labels:  # some records say no machine (before format 10): one machine, as the others can't say
+        return None
+    raise Inconclusive(
+        f"the replicates of {', '.join(sorted({p.name for p in points}))} ran on different machines "
+        "at different points; each replicate must measure every point on one machine"
+    )
+
+
 def samples(point: Point, unit: str | None, min_samples: int) -> list[list[float]]:
     """A point's samples per replicate, in `unit`, or why they cannot be judged."""
     every = point.samples()
@@ -185,6 +199,8 @@ def measured(
         confidence=est.confidence,
         spread=(est.spread if est.log else est.spread * scale) if finite else None,
         log=est.log,
+        machines=est.machines if est.machines > 1 else None,
+        between_machines=est.between_machines,
     )
 
 

@@ -17,6 +17,7 @@ from perfkit.experiment.records.kinds.base import (
     apart_warning,
     bounds,
     candidates,
+    machines_of,
     mean,
     measured,
     samples,
@@ -81,7 +82,7 @@ class Scaling(Expect):
             )
         sizes = [float(p.at[self.over]) for p in found]
         try:
-            est = stats.slope_estimate(sizes, per_point, confidence=confidence)
+            est = stats.slope_estimate(sizes, per_point, confidence=confidence, machines=machines_of(found))
         except ValueError as exc:
             raise Inconclusive(f"cannot fit an exponent: {exc}") from None
         verdict, why, needed = bounds(

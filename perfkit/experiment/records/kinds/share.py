@@ -91,7 +91,9 @@ class Share(Expect):
             and [len(r) for r in part_samples] == [len(r) for r in whole_samples]
         )
         try:
-            est = stats.ratio_estimate(part_samples, whole_samples, paired=paired, log=False, confidence=confidence)
+            est = stats.ratio_estimate(
+                part_samples, whole_samples, paired=paired, log=False, confidence=confidence, machines=part.machines
+            )
         except ValueError as exc:
             raise Inconclusive(f"cannot compute {self.metric} / {self.of}: {exc}") from None
         verdict, why, needed = compare(est, at_least=self.at_least, at_most=self.at_most)

@@ -13,6 +13,7 @@ from perfkit.experiment.records.kinds.base import (
     Expect,
     apart_warning,
     bounds,
+    machines_of,
     mean,
     measured,
     off_range,
@@ -71,8 +72,9 @@ class Speedup(Expect):
             raise UserError(f"a speedup compares times or rates; {self.baseline} is in {unit}")
         if len(num) != len(den):
             raise Inconclusive(f"{self.baseline} and {self.candidate} come from different numbers of replicates")
+        machines = machines_of([base, cand])
         try:
-            est = stats.ratio_estimate(num, den, paired=False, confidence=confidence)
+            est = stats.ratio_estimate(num, den, paired=False, confidence=confidence, machines=machines)
         except ValueError as exc:
             raise Inconclusive(f"cannot compute the speedup: {exc}") from None
         verdict, why, needed = bounds(est, at_least=self.at_least, at_most=self.at_most)

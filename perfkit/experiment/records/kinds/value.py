@@ -77,7 +77,7 @@ class _Value(Expect):
         values = samples(point, self.unit, self.min_samples)
         if self.floor is not None:
             return self._judge_on_floor(point, values, same_point(points, self.floor, point.at), confidence)
-        est = stats.mean_estimate(values, confidence=confidence)
+        est = stats.mean_estimate(values, confidence=confidence, machines=point.machines)
         low, high = self._edges(self.value)
         verdict, why, needed = bounds(est, at_least=low, at_most=high)
         return Judgement(
@@ -112,9 +112,9 @@ class _Value(Expect):
         exact = len({v for r in floors for v in r}) == 1
         if exact:  # the same number everywhere: each sample divided by it, batches as the measurement's own
             den = [[floors[0][0]] * len(r) for r in values]
-            est = stats.ratio_estimate(values, den, paired=True, confidence=confidence)
+            est = stats.ratio_estimate(values, den, paired=True, confidence=confidence, machines=point.machines)
         else:
-            est = stats.ratio_estimate(values, floors, paired=False, confidence=confidence)
+            est = stats.ratio_estimate(values, floors, paired=False, confidence=confidence, machines=point.machines)
         spread = stats.mean_estimate(floors, confidence=confidence)
         floor = Floor(
             metric=self.floor,
