@@ -149,7 +149,9 @@ def _slurm(cluster: dict, path: Path, shown: str, label: str) -> str:
         if not _reads_back(key, value)
     ]
     if problems:
-        raise UserError("\n".join(f"{shown}:{_line(path, key)}: {label} cluster.slurm{words}" for key, words in problems))
+        raise UserError(
+            "\n".join(f"{shown}:{_line(path, key)}: {label} cluster.slurm{words}" for key, words in problems)
+        )
     return slurm_spec(table)
 
 
