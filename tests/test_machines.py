@@ -129,12 +129,12 @@ perfkit.record("nap", samples, unit="ms")
 """
 
 RECORD = """id: {id}
-claim: A nap takes at most 10.5 ms.
-rationale: It sleeps 10 ms; machine sim1 of the simulated pool is 10% slower.
+claim: A nap takes at most 11 ms.
+rationale: It sleeps 10 ms; machine sim1 of the simulated pool is 20% slower.
 expect:
   kind: at_most
   metric: nap
-  value: 10.5
+  value: 11
   unit: ms
 probe:
   notebook: sleeper.ipynb
@@ -145,7 +145,7 @@ probe:
 @pytest.fixture(scope="module")
 def pooled(tmp_path_factory):
     """The same claim about the pool and about every machine, measured on `local:2x1` with machine sim1
-    10% slower than sim0: 3 replicates on each."""
+    20% slower than sim0: 3 replicates on each."""
     import nbformat
     from records import run
 
@@ -170,7 +170,7 @@ def pooled(tmp_path_factory):
             replicates=6,
             budget_s=0,
             timeout_s=120,
-            cluster="local:2x1:slowdown=1,1.1",
+            cluster="local:2x1:slowdown=1,1.2",
             out=lines.append,
         )
     return project, report, lines
@@ -193,12 +193,12 @@ def test_the_pool_claim_reports_the_machines_apart_and_a_row_per_machine(pooled)
     result = {h.id: h for h in report.results.hypotheses}["nap-pool"]
     m = result.measured
     assert m.machines == 2 and m.replicates == 6
-    assert 0.04 < m.between_machines < 0.1, m  # 10 against 11 ms: the two machine means 7% apart (sd)
+    assert 0.08 < m.between_machines < 0.18, m  # 10 against 12 ms: the two machine means 13% apart (sd)
     assert "on 2 machines" in m.evidence()
     rows = {row.machine.rsplit("/", 1)[1]: row for row in result.per_machine}
     assert set(rows) == {"sim0", "sim1"}
     slow, fast = rows["sim1"].measured.value, rows["sim0"].measured.value
-    assert 1.07 < slow / fast < 1.13, (slow, fast)  # the 10% the simulation put there
+    assert 1.14 < slow / fast < 1.22, (slow, fast)  # the 20% the simulation put there (less the sleeps' overshoot)
     ledger = (project.root / "hypotheses" / "LEDGER.md").read_text()
     assert "per machine" in ledger and "/sim1" in ledger
 
@@ -220,3 +220,82 @@ def test_a_pool_spec_is_checked_before_anything_starts():
     for bad in ("local:0", "local:2x", "local:2x1:slowdown=1", "local:2x1:speed=1,2", "local:2x1:slowdown=1,-2"):
         with pytest.raises(UserError, match="local:MxN"):
             Simulated.parse(bad)
+
+
+# ---------------------------------------------------------------- judged from executions of known truth
+
+
+def _on(machine: str, replicate: int, mean: float, seed: int):
+    from records import execution, metric
+
+    return execution(
+        metric("t", mean, seed=seed),
+        replicate=replicate,
+        machine={"id": machine, "host": f"node-{machine}", "cpu": "EPYC", "gpus": []},
+    )
+
+
+def test_a_machine_apart_from_the_pool_is_named_and_every_machine_has_its_row():
+    from records import hypothesis
+
+    from perfkit.experiment.records.kinds import expectation
+    from perfkit.experiment.run.judging import judge
+
+    h = hypothesis(expectation(kind="cost", metric="t", unit="ms", value=10.0, factor=2.0))
+    means = {"a": 10.0, "b": 10.1, "c": 9.9, "d": 13.0}  # node d is 30% slow
+    executions = [_on(m, i * 2 + k, mean, seed=i * 2 + k) for i, (m, mean) in enumerate(means.items()) for k in (0, 1)]
+    judgement = judge(h, executions)
+    assert [m.machine for m in judgement.per_machine] == ["a", "b", "c", "d"]
+    assert judgement.measured.machines == 4
+    said = [w for w in judgement.warnings if w.startswith("machine ")]
+    assert len(said) == 1 and "node-d (EPYC) (d) measured 13" in said[0], judgement.warnings
+
+
+def test_replicates_of_one_machine_keep_the_single_machine_path():
+    from records import hypothesis
+
+    from perfkit.experiment.records.kinds import expectation
+    from perfkit.experiment.run.judging import judge
+
+    h = hypothesis(expectation(kind="cost", metric="t", unit="ms", value=10.0, factor=2.0))
+    judgement = judge(h, [_on("a", r, 10.0, seed=r) for r in range(3)])
+    assert judgement.per_machine == () and judgement.measured.machines is None
+    assert judgement.verdict.value == "confirmed"
+
+
+def test_per_machine_on_the_command_line_makes_every_claim_one_about_every_machine(pooled):
+    """`--per-machine` judges the pool claim as `machines: every` does: the measurements are reused."""
+    import argparse
+
+    from records import run
+
+    from perfkit.experiment.run import options, runner, schedule
+
+    parser = argparse.ArgumentParser()
+    options.add_arguments(parser)
+    assert options.from_args(parser.parse_args(["--all", "--per-machine"]), command="run").per_machine
+    project, _, _ = pooled
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
+        mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+        again = run(
+            project,
+            ids=["nap-pool"],
+            replicates=6,
+            budget_s=0,
+            cluster="local:2x1:slowdown=1,1.2",
+            per_machine=True,
+            out=lambda line: None,
+        )
+    (result,) = again.results.hypotheses
+    assert again.executed == 0 and result.verdict == "refuted" and "on every machine" in result.reason
+
+
+def test_show_lists_each_machine_and_where_each_replicate_ran(pooled):
+    from perfkit.experiment.outputs.show import describe
+
+    project, _, _ = pooled
+    text = describe(project, "nap-every")
+    assert "== per machine (2)" in text
+    assert "/sim1]: refuted, 1" in text and "/sim0]: confirmed, 1" in text
+    assert text.count("/sim0, run ") == 3 and text.count("/sim1, run ") == 3  # each replicate says its machine

@@ -31,7 +31,7 @@ def describe(project: Project, hid: str) -> str:
         return "\n".join(lines) + "\n"
     lines += _standing(project, h, runs)
     r = standing(runs).result
-    lines += _metrics(r) + _executions(r) + _history(runs)
+    lines += _metrics(r) + _per_machine(r) + _executions(r) + _history(runs)
     return "\n".join(lines) + "\n"
 
 
@@ -86,6 +86,17 @@ def _metrics(r: HypothesisResult) -> list[str]:
     return lines
 
 
+def _per_machine(r: HypothesisResult) -> list[str]:
+    """Each machine's own measurement and verdict, when the replicates ran on several."""
+    if not r.per_machine:
+        return []
+    lines = ["", f"== per machine ({len(r.per_machine)})"]
+    for m in r.per_machine:
+        said = m.measured.text() if m.measured else (m.reason or "nothing measured")
+        lines.append(f"  {m.label} [{m.machine}]: {m.verdict or '—'}, {said}")
+    return lines
+
+
 def _executions(r: HypothesisResult) -> list[str]:
     """Each replicate the verdict read: its parameters, outcome, wall time and where its evidence is."""
     if not r.executions:
@@ -95,8 +106,9 @@ def _executions(r: HypothesisResult) -> list[str]:
         params = " ".join(f"{k}={v}" for k, v in sorted(x.params.items()))
         origin = f"reused from run {x.run_id}" if x.reused else f"run {x.run_id}"
         wall = f"{x.wall_s:.1f} s" if x.wall_s is not None else "not timed"
+        where = f" on {x.machine.get('host') or x.machine_id}" if x.machine else ""
         lines.append(
-            f"  {x.notebook} {params}: {x.status}, {wall}, {origin} (runs/{x.run_id}/executions/{x.id}/)"
+            f"  {x.notebook} {params}: {x.status}, {wall}{where}, {origin} (runs/{x.run_id}/executions/{x.id}/)"
             + (f" UNFIT: {x.unfit}" if x.unfit else "")
         )
     return lines

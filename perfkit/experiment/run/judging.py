@@ -22,10 +22,10 @@ from perfkit.experiment.records.verdict import (
     UNFIT_REASON,
     Inconclusive,
     Judgement,
-    MachineMeasured,
     Point,
     Verdict,
 )
+from perfkit.experiment.run import machines
 from perfkit.samples import MetricRecord
 
 
@@ -130,81 +130,23 @@ def _verdict(hypothesis: Hypothesis, evidence: Evidence, confidence: float) -> J
         return Judgement(verdict=Verdict.INCONCLUSIVE, reason=evidence.unfit, expected=expect.expected())
     if evidence.problem:
         return Judgement(verdict=Verdict.ERROR, reason=evidence.problem, expected=expect.expected())
-    machines = machines_of(evidence.executions)
-    every = hypothesis.machines == "every" and len(machines) > 1
+    found = machines.machines_of(evidence.executions)
+    every = hypothesis.machines == "every" and len(found) > 1
     try:
         judgement = expect.judge(list(evidence.points), confidence=confidence)
+        each = machines.level(confidence, len(found), every=every)
         per_machine = tuple(
-            _on_machine(hypothesis, evidence, machine, label, confidence, every) for machine, label in machines.items()
+            machines.judged_on(expect, evidence.points, machine, label, each) for machine, label in found.items()
         )
     except Inconclusive as exc:
         return Judgement(verdict=Verdict.INCONCLUSIVE, reason=str(exc), expected=expect.expected())
     except UserError as exc:  # a record and the expectation in units of different dimensions
         return Judgement(verdict=Verdict.ERROR, reason=f"cannot compare: {exc}", expected=expect.expected())
-    if len(machines) > 1:
-        judgement = _over_machines(judgement, per_machine, every)
+    if len(found) > 1:
+        judgement = machines.over_machines(judgement, per_machine, every)
     if evidence.left_out:
         judgement = replace(judgement, warnings=(evidence.left_out, *judgement.warnings))
     return _finite(judgement)
-
-
-def machines_of(executions) -> dict[str, str]:
-    """The machines the usable replicates ran on, id -> a label for a reader ("host (CPU)"), in id order."""
-    found = {}
-    for x in executions:
-        if x.machine_id and x.status == "ok" and not x.unfit:
-            found.setdefault(x.machine_id, f"{x.machine.get('host') or x.machine_id} ({x.machine.get('cpu') or '?'})")
-    return dict(sorted(found.items()))
-
-
-def _on_machine(
-    hypothesis: Hypothesis, evidence: Evidence, machine: str, label: str, confidence: float, every: bool
-) -> MachineMeasured:
-    """One machine's own measurement: the claim judged on its replicates alone. When the claim must hold
-    on every machine, each of the M is judged at 1 - (1 - confidence) / M, so that a wrong refutation
-    of any of them stays within the run's error (Bonferroni); otherwise at the run's level."""
-    count = len(machines_of(evidence.executions))
-    level = 1 - (1 - confidence) / count if every else confidence
-    points = [on_machine(p, machine) for p in evidence.points]
-    try:
-        own = hypothesis.expect.judge([p for p in points if p.replicates], confidence=level)
-    except Inconclusive as exc:
-        return MachineMeasured(machine, label, None, Verdict.INCONCLUSIVE.value, str(exc))
-    return MachineMeasured(machine, label, own.measured, own.verdict.value, own.reason)
-
-
-def on_machine(point: Point, machine: str) -> Point:
-    """The point with only the replicates that ran on `machine`."""
-    keep = [i for i, m in enumerate(point.machines or ()) if m == machine]
-    return replace(point, replicates=tuple(point.replicates[i] for i in keep), machines=(machine,) * len(keep))
-
-
-#: the order in which one machine's verdict outweighs another's when the claim must hold on every machine
-_WORST = (Verdict.REFUTED.value, Verdict.INCONCLUSIVE.value, Verdict.CONFIRMED.value)
-
-
-def _over_machines(pooled: Judgement, per_machine: tuple[MachineMeasured, ...], every: bool) -> Judgement:
-    """The pooled judgement with each machine's row; for a claim about every machine, the worst machine's
-    verdict (refuted on any, confirmed only on all), said with that machine's name."""
-    judgement = replace(pooled, per_machine=per_machine)
-    if not every:
-        if judgement.verdict == Verdict.INCONCLUSIVE and judgement.measured is not None:
-            more = (
-                f"the interval's units are the {len(per_machine)} machines: more machines of this kind, not more "
-                "replicates on these, would narrow it (or a claim about every machine: `machines: every`)"
-            )
-            judgement = replace(judgement, warnings=(*judgement.warnings, more), needed=None)
-        return judgement
-    worst = min(per_machine, key=lambda m: _WORST.index(m.verdict) if m.verdict in _WORST else 0)
-    if worst.verdict == Verdict.CONFIRMED.value:
-        return replace(judgement, reason=None)
-    why = worst.reason or (f"measured {worst.measured.text()}" if worst.measured else "")
-    return replace(
-        judgement,
-        verdict=Verdict(worst.verdict),
-        reason=f"the claim must hold on every machine; on {worst.label}: {why}".rstrip(": "),
-        needed=None,
-    )
 
 
 def _finite(judgement: Judgement) -> Judgement:
@@ -286,6 +228,17 @@ def not_reproduced(result: HypothesisResult, previous: HypothesisResult | None, 
     now, then = result.measured, previous.measured
     if now.low <= then.high and then.low <= now.high:
         return None
+    if machines.ids(previous) != machines.ids(
+        result
+    ):  # another machine of the same kind: its own offset is no surprise
+        spread = machines.pool_spread(previous, result)
+        gap = abs(now.value / then.value - 1) if then.value > 0 and now.value > 0 else None
+        if spread is None or gap is None or gap <= 2 * spread:
+            return None
+        return (
+            f"run {previous_run} measured {then.text()} on another machine of this kind, farther apart than "
+            f"the pool's machines are ({units.format_number(100 * spread)}% sd)"
+        )
     return f"run {previous_run} measured {then.text()} with {SAME_KEYS} (equal execution keys)"
 
 
@@ -299,8 +252,12 @@ def changed(
     """
     if previous is None or not previous.executions or not result.executions:
         return None
+    moved = machines.machine_change(result, previous)
     if {x.key for x in previous.executions} == {x.key for x in result.executions}:
-        return None
+        if moved is None or not (previous.measured and result.measured):
+            return moved
+        return f"{moved}: {compare.moved_from(previous, result)}"
+    said = [*said, moved] if moved else said
     what = "; ".join(dict.fromkeys(said)) or (
         f"measured with other execution keys than run {previous_run} (its evidence is not under runs/ here, "
         "so what changed cannot be named)"

@@ -152,8 +152,9 @@ class RunOptions:
     cluster: str | None = _flag(
         None,
         "--cluster",
-        "run the probe executions on a Dask cluster: a scheduler address, or local:N for N local workers "
-        "(default: [tool.perfkit] cluster in pyproject.toml, else this machine)",
+        "run the probe executions on a Dask cluster: a scheduler address, local:N for N local workers, or "
+        "slurm:KEY=VALUE,... for workers in Slurm jobs (default: [tool.perfkit] cluster in pyproject.toml, "
+        "else this machine)",
         metavar="ADDRESS",
     )
     profile: str | None = _flag(
@@ -200,6 +201,13 @@ class RunOptions:
         "--fresh-processes",
         "start every replicate as two fresh interpreters (executor and kernel) instead of forking it from its "
         "round's warm template, which has imported what the probes import",
+        action="store_true",
+    )
+    per_machine: bool = _flag(
+        False,
+        "--per-machine",
+        "over several machines, judge every claim as one that must hold on every machine (the worst machine "
+        "decides), as a record's `machines: every` does; default: each record's own (the pool)",
         action="store_true",
     )
     command: str = ""  # the command line, as recorded in the results

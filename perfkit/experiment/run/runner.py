@@ -166,7 +166,8 @@ def judge_all(ctx: RunContext, hypotheses: list[Hypothesis], look: int = 0) -> l
         now = max((ctx.plan.replicates[k] for k in ctx.plan.needs[h.id]), default=0)
         if not counts or now > counts[-1]:
             counts.append(now)
-        out.append(judged(h, executions, confidence=ctx.policy.confidence(counts)))
+        claimed = replace(h, machines="every") if ctx.options.per_machine else h  # its record's hash stays
+        out.append(judged(claimed, executions, confidence=ctx.policy.confidence(counts)))
     return out
 
 
