@@ -74,19 +74,26 @@ class Slurm:
         return jobs
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """`n` distinct ports no one listens on now (each held until all are picked)."""
+    held = [socket.socket() for _ in range(n)]
+    try:
+        for s in held:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 def _conf(root: Path, user: str) -> str:
     host = socket.gethostname().split(".")[0]
+    controller, node = _free_ports(2)
     return f"""\
 ClusterName=perfkit-test
 SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={controller}
+SlurmdPort={node}
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={root}/munge.socket
@@ -182,15 +189,20 @@ def slurm_here(tmp_path_factory):
     assert not _workers(), "a Slurm job's Dask worker outlived the module"
 
 
-def _workers() -> list[str]:
-    """Dask worker processes started as perfkit's Slurm jobs start them, still running on this machine."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if "distributed.cli.dask_worker" in cmd and "--resources measure=1" in cmd:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE:
-                found.append(cmd)
-    return found
+def _workers(within_s: float = 30.0) -> list[str]:
+    """Dask worker processes started as perfkit's Slurm jobs start them, still running on this machine after
+    `within_s` (a cancelled job's processes get SIGTERM, and a moment to close)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = []
+        for proc in psutil.process_iter(["cmdline", "status"]):
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if "distributed.cli.dask_worker" in cmd and "--resources measure=1" in cmd:
+                if proc.info["status"] != psutil.STATUS_ZOMBIE:
+                    found.append(cmd)
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -271,8 +283,8 @@ def test_a_run_on_slurm_gives_the_verdicts_of_a_local_run_and_cancels_its_jobs(s
     assert slurm_here.drained() == []
     ended = slurm_here.ended()
     assert ours <= set(ended) and {ended[job]["JobState"] for job in ours} == {"CANCELLED"}, ended
-    assert sorted(p.name for p in logs.iterdir()) == sorted(
-        f"{slurm.JOB_NAME}-{job}.{ext}" for job in ours for ext in ("err", "out")
+    assert sorted(p.name for p in logs.iterdir()) == sorted(  # each job that ran wrote its output there
+        f"{slurm.JOB_NAME}-{job}.{ext}" for job in ours & watch.running() for ext in ("err", "out")
     )
     stored = [
         json.loads(p.read_text()) for p in (project.runs_dir / there.run_id).glob("executions/*/*/execution.json")
@@ -288,17 +300,21 @@ def test_ctrl_c_mid_run_cancels_every_job_and_the_table_form_reaches_slurm(slurm
     )
     assert config.read(project).cluster == f"slurm:jobs=2,logs={logs},wait_s=60"
 
+    over = threading.Event()  # no Ctrl-C once the run is over: it would stop the test session
+
     def interrupt_once_running(watch: Watch) -> None:
-        deadline = time.monotonic() + 60
-        while not watch.running() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.0)  # executions are on their way to the worker
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, delivered to the main thread
+        while not watch.running() and not over.wait(0.1):
+            pass
+        if not over.wait(1.0):  # executions are on their way to the worker (fx-sleeps sleeps 600 s)
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, delivered to the main thread
 
     with Watch() as watch:
         threading.Thread(target=interrupt_once_running, args=(watch,), daemon=True).start()
-        with pytest.raises(KeyboardInterrupt):
-            run(project, ids=["fx-sleeps", "fx-share"], quick=True, replicates=2, timeout_s=60, out=lambda line: None)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                run(project, ids=["fx-sleeps", "fx-share"], quick=True, replicates=2, timeout_s=60, out=lambda _: None)
+        finally:
+            over.set()
     assert watch.running(), watch.states  # it did reach Slurm
     assert slurm_here.drained() == []
     ended = slurm_here.ended()
