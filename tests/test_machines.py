@@ -142,6 +142,10 @@ probe:
 {extra}"""
 
 
+POOL = "local:2x1:slowdown=1,1.2"  # the README's "Many machines" runs this pool
+REPLICATES = 6
+
+
 @pytest.fixture(scope="module")
 def pooled(tmp_path_factory):
     """The same claim about the pool and about every machine, measured on `local:2x1` with machine sim1
@@ -167,10 +171,10 @@ def pooled(tmp_path_factory):
         report = run(
             project,
             all=True,
-            replicates=6,
+            replicates=REPLICATES,
             budget_s=0,
             timeout_s=120,
-            cluster="local:2x1:slowdown=1,1.2",
+            cluster=POOL,
             out=lines.append,
         )
     return project, report, lines
@@ -299,3 +303,21 @@ def test_show_lists_each_machine_and_where_each_replicate_ran(pooled):
     assert "== per machine (2)" in text
     assert "/sim1]: refuted, 1" in text and "/sim0]: confirmed, 1" in text
     assert text.count("/sim0, run ") == 3 and text.count("/sim1, run ") == 3  # each replicate says its machine
+
+
+def test_the_readme_runs_this_pool_and_says_what_it_measured(pooled):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- many-machines[^>]*-->\n\s*```sh\n\s*(.*?)\n\s*```", readme, re.S)
+    assert block, "README lost its 'Many machines' block"
+    assert block.group(1).split() == ["perfkit", "run", "--all", "--replicates", str(REPLICATES), "--cluster", POOL]
+    _, report, _ = pooled
+    results = {h.id: h for h in report.results.hypotheses}
+    rows = {row.machine.rsplit("/", 1)[1]: row.measured.value for row in results["nap-pool"].per_machine}
+    said = re.search(r"at ([\d.]+) ms on sim0 and ([\d.]+) ms on sim1", readme)
+    assert said, "the section no longer says what each machine measured"
+    for name, value in zip(("sim0", "sim1"), said.groups()):
+        assert abs(float(value) - rows[name]) < 0.3, (name, value, rows)  # this machine's figures, give or take
+    assert "machines: every" in readme and "--per-machine" in readme

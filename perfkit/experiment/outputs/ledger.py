@@ -97,10 +97,9 @@ def _per_machine(result) -> list[str]:
     rows = []
     for m in result.per_machine:
         measured = m.measured.text() if m.measured else "nothing measured"
-        rows.append(
-            f"| {code(m.machine)} | {cell(m.label)} | {cell(m.verdict or '')} | {cell(measured)} | "
-            f"{cell(m.measured.evidence() or '') if m.measured else cell(m.reason or '')} |"
-        )
+        evidence = f"{m.measured.replicates} processes, a {m.measured.level()} interval" if m.measured else m.reason
+        cells = (code(m.machine), cell(m.label), cell(m.verdict or ""), cell(measured), cell(evidence or ""))
+        rows.append("| " + " | ".join(cells) + " |")
     summary = f"per machine: {len(rows)} machines"
     header = ["| machine | host (CPU) | its own verdict | measured | evidence |", "|---|---|---|---|---|"]
     return [f"<details><summary>{summary}</summary>", "", *header, *rows, "", "</details>", ""]

@@ -275,6 +275,7 @@ class HypothesisResult:
                     measured=None if c.child("measured", optional=True) is None else _measured(c.child("measured")),
                     verdict=c.choice("verdict", VERDICTS) if c.get("verdict", str, optional=True) else None,
                     reason=c.get("reason", str, optional=True),
+                    off_by=c.get("off_by", str, optional=True),
                 )
                 for c in (r.children("per_machine") if r.get("per_machine", list, optional=True) else ())
             ),

@@ -143,6 +143,7 @@ class MachineMeasured:
     measured: Measured | None  # None: nothing to measure on it (its `reason` says why)
     verdict: str | None = None  # the claim judged on its replicates alone
     reason: str | None = None  # why that verdict, when it is not confirmed
+    off_by: str | None = None  # how far its measurement is from the claim
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ def judged_on(
         own = expect.judge([p for p in mine if p.replicates], confidence=confidence)
     except Inconclusive as exc:
         return MachineMeasured(machine, label, None, Verdict.INCONCLUSIVE.value, str(exc))
-    return MachineMeasured(machine, label, own.measured, own.verdict.value, own.reason)
+    return MachineMeasured(machine, label, own.measured, own.verdict.value, own.reason, own.off_by)
 
 
 def on_machine(point: Point, machine: str) -> Point:
@@ -92,6 +92,8 @@ def over_machines(pooled: Judgement, per_machine: tuple[MachineMeasured, ...], e
         judgement,
         verdict=Verdict(worst.verdict),
         reason=f"the claim must hold on every machine; on {worst.label}: {why}".rstrip(": "),
+        measured=worst.measured or judgement.measured,  # what decided it: the worst machine's own
+        off_by=f"on {worst.label}: {worst.off_by}" if worst.off_by else judgement.off_by,
         needed=None,
     )
 
