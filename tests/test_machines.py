@@ -321,3 +321,43 @@ def test_the_readme_runs_this_pool_and_says_what_it_measured(pooled):
     for name, value in zip(("sim0", "sim1"), said.groups()):
         assert abs(float(value) - rows[name]) < 0.3, (name, value, rows)  # this machine's figures, give or take
     assert "machines: every" in readme and "--per-machine" in readme
+
+
+# ---------------------------------------------------------------- comparisons across machines
+
+
+def _measured_on(machine: str, value: float, *, width: float = 0.02, spread: float | None = None):
+    from records import result
+
+    from perfkit.experiment.records.results import Execution
+    from perfkit.experiment.records.verdict import Measured
+
+    measured = Measured(
+        "mean", "ms", value, value * (1 - width), value * (1 + width), replicates=3, between_machines=spread
+    )
+    execution = Execution(
+        key="same-key", notebook="p.ipynb", params={}, status="ok", run_id="r", machine={"id": machine, "host": machine}
+    )
+    return result("h", "confirmed", value, measured=measured, executions=(execution,))
+
+
+def test_another_machine_of_the_same_kind_is_a_machine_change_not_a_failure_to_reproduce():
+    from perfkit.experiment.run.judging import changed, not_reproduced
+
+    then, now = _measured_on("node-a", 10.0), _measured_on("node-b", 10.6)  # 6% apart, intervals disjoint
+    assert not_reproduced(now, then, "r0") is None  # the keys are equal, but the machine is another
+    note = changed(now, then, "r0", [])
+    assert note.startswith("the machine changed (node-a -> node-b, another of the same kind)")
+    assert "how much machines of this kind differ is not known yet" in note and "6% higher than 10 ms" in note
+
+
+def test_a_gap_beyond_the_pools_spread_is_not_reproduced_even_across_machines():
+    from perfkit.experiment.run.judging import changed, not_reproduced
+
+    then = _measured_on("node-a", 10.0, spread=0.02)  # a pool run found machines 2% apart
+    assert not_reproduced(_measured_on("node-b", 10.3), then, "r0") is None  # 3%: within twice the spread
+    far = not_reproduced(_measured_on("node-b", 13.0), then, "r0")  # 30%
+    assert far and "farther apart than the pool's machines are (2% sd)" in far
+    assert "the pool's machines differ by 2% (sd)" in changed(_measured_on("node-b", 13.0), then, "r0", [])
+    same = not_reproduced(_measured_on("node-a", 13.0), then, "r0")  # the same machine: as before
+    assert same and "equal execution keys" in same
