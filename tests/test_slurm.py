@@ -256,10 +256,23 @@ def verdicts(report):
     return {h.id: (h.verdict, h.reason) for h in report.results.hypotheses}
 
 
-def test_a_run_on_slurm_gives_the_verdicts_of_a_local_run_and_cancels_its_jobs(slurm_here, project, tmp_path):
+def test_a_run_on_slurm_gives_the_verdicts_of_a_local_run_and_cancels_its_jobs(
+    slurm_here, project, tmp_path, monkeypatch
+):
     logs = tmp_path / "slurm-logs"
     lines: list[str] = []
     here = run(project, ids=QUICK, quick=True, replicates=2, jobs=2, timeout_s=60, out=lines.append)
+    ran_on: list[str] = []  # the worker each execution ran on, as the scheduler's task stream says
+    execute = cluster.execute
+
+    def streamed(client, batch, **callbacks):
+        import distributed
+
+        with distributed.get_task_stream(client) as stream:
+            execute(client, batch, **callbacks)
+        ran_on.extend(task["worker"] for task in stream.data)
+
+    monkeypatch.setattr(cluster, "execute", streamed)
     spec = f"slurm:jobs=2,logs={logs},wait_s=60"
     with Watch() as watch:
         there = run(project, ids=QUICK, quick=True, replicates=2, timeout_s=60, cluster=spec, out=lines.append)
@@ -274,6 +287,7 @@ def test_a_run_on_slurm_gives_the_verdicts_of_a_local_run_and_cancels_its_jobs(s
     ours = {job for job, name in watch.names.items() if name == slurm.JOB_NAME}
     assert len(watch.running() & ours) == 2 and watch.most_at_once <= 2, (watch.states, watch.most_at_once)
     assert ours & set(watch.scripts), watch.states
+    assert len(ran_on) == 8 and len(set(ran_on)) == 2, ran_on  # the second job's worker took executions too
     for script in (watch.scripts[job] for job in ours & set(watch.scripts)):
         assert f"#SBATCH -J {slurm.JOB_NAME}" in script and "#SBATCH --cpus-per-task=1" in script
         worker = next(line for line in script.splitlines() if "distributed.cli.dask_worker" in line)
@@ -348,10 +362,11 @@ def _readme_block() -> str:
     return found.group(1)
 
 
-def test_the_readme_slurm_table_makes_the_job_script_it_says(tmp_path):
+def test_the_readme_slurm_table_makes_the_job_script_it_says(tmp_path, monkeypatch):
+    monkeypatch.setenv("PERFKIT_CACHE_DIR", str(tmp_path / "cache"))  # where the jobs' output would go
     (tmp_path / "pyproject.toml").write_text(_readme_block())
     spec = config.read(Project(tmp_path)).cluster
-    assert spec.startswith("slurm:") and slurm.parse(spec) == slurm.parse(spec)
+    assert spec.startswith("slurm:partition=gpu,jobs=8,")
     settings = slurm.parse(spec)
     assert settings.partition == "gpu" and settings.resources == {"GPU": 1} and settings.jobs == 8
     jobqueue = pytest.importorskip("dask_jobqueue")
@@ -363,6 +378,7 @@ def test_the_readme_slurm_table_makes_the_job_script_it_says(tmp_path):
     for line in ("#SBATCH -p gpu", "#SBATCH --gres=gpu:1", "#SBATCH --cpus-per-task=8", "#SBATCH -t 02:00:00"):
         assert line in script, script
     assert "module load cuda" in script and "--nthreads 1" in script and "--resources measure=1,GPU=1" in script
+    assert f"#SBATCH -o {tmp_path}/cache/slurm/{slurm.JOB_NAME}-%J.out" in script  # the default `logs`
     readme = (ROOT / "README.md").read_text()
     for said in re.findall(r"--cluster (slurm:\S*?)`", readme):  # every one-line form the README shows
         slurm.parse(said)
