@@ -22,6 +22,8 @@ What every kind's plot shows, with the pieces here:
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import io
 import math
 import textwrap
@@ -369,6 +371,19 @@ LEDGER_DPI = 100
 
 
 STAMP_KEY = "perfkit-result"  # the PNG text chunk naming the result a plot was drawn from (results.stamp)
+DRAWING_KEY = "perfkit-drawing"  # ... and the one naming the drawing code that drew it (`drawing`)
+
+
+@functools.lru_cache(maxsize=1)
+def drawing() -> str:
+    """The drawing code's version, in 12 hex digits: a hash of this module and the kinds' (which draw each
+    kind's evidence). A plot drawn by other code is redrawn by `perfkit ledger` from its run's samples."""
+    here = Path(__file__).resolve()
+    sources = [here, *sorted((here.parent / "kinds").glob("*.py"))]
+    digest = hashlib.sha256()
+    for path in sources:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def render(
@@ -383,19 +398,29 @@ def render(
     else:
         draw(fig, j, points)
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None, **({STAMP_KEY: stamp} if stamp else {})})
+    metadata = {"Software": None, DRAWING_KEY: drawing(), **({STAMP_KEY: stamp} if stamp else {})}
+    fig.savefig(buffer, format="png", dpi=dpi, metadata=metadata)
     return buffer.getvalue()
 
 
 def stamp_of(png_path: Path) -> str | None:
     """The stamp a plot carries (None: none, or not a PNG perfkit can read)."""
+    return _text_of(png_path).get(STAMP_KEY)
+
+
+def drawn_with(png_path: Path) -> str | None:
+    """The drawing code's version a plot was drawn by (None: drawn before plots said, or unreadable)."""
+    return _text_of(png_path).get(DRAWING_KEY)
+
+
+def _text_of(png_path: Path) -> dict[str, str]:
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(png_path) as image:
-            return getattr(image, "text", {}).get(STAMP_KEY)
+            return dict(getattr(image, "text", {}))
     except (OSError, UnidentifiedImageError, ValueError):
-        return None
+        return {}
 
 
 def scaled(png: bytes, factor: float) -> bytes:
@@ -407,8 +432,9 @@ def scaled(png: bytes, factor: float) -> bytes:
         size = (max(1, round(image.width * factor)), max(1, round(image.height * factor)))
         small = image.convert("RGB").resize(size, Image.Resampling.LANCZOS)
         info = PngInfo()
-        if STAMP_KEY in getattr(image, "text", {}):
-            info.add_text(STAMP_KEY, image.text[STAMP_KEY])  # the copy says what it was drawn from too
+        for key in (DRAWING_KEY, STAMP_KEY):  # the copy says what it was drawn from, and by what, too
+            if key in getattr(image, "text", {}):
+                info.add_text(key, image.text[key])
     buffer = io.BytesIO()
     small.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(buffer, format="PNG", optimize=True, pnginfo=info)
     return buffer.getvalue()

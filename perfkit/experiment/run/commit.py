@@ -27,6 +27,7 @@ from pathlib import Path
 from perfkit.errors import UserError
 from perfkit.experiment.outputs import ledger
 from perfkit.experiment.records.results import RunResults, checked_text, results_path
+from perfkit.experiment.run import redraw
 from perfkit.files import read_json, write_atomic, write_json
 from perfkit.paths import Project
 
@@ -154,10 +155,11 @@ def apply(project: Project, results: RunResults, earlier: list[RunResults]) -> P
 
 def rewrite(project: Project, say=print) -> list[str]:
     """`perfkit ledger`: finish what killed runs left half-applied, redraw plots that do not match their
-    rows, then LEDGER.md; the run ids finished."""
+    rows or that older drawing code drew (from the runs' samples, perfkit/experiment/run/redraw.py), then
+    LEDGER.md; the run ids finished."""
     with locked(project):
         finished = finish_pending(project)
-        for line in ledger.redraw_plots(project):
+        for line in [*ledger.redraw_plots(project), *redraw.redraw(project)]:
             say(line)
         ledger.write(project)
     return finished
