@@ -33,3 +33,18 @@ def test_a_real_move_and_a_move_inside_the_noise_keep_their_words():
     tiny = replace(tokens(8.875), value=8.876, low=8.876, high=8.876)  # a real move, however small: said
     said = compare.moved_from(result("a", "confirmed", measured=tokens(8.875)), result("a", "confirmed", measured=tiny))
     assert said == "0.0113% higher than 8.88 tok [8.88, 8.88]"
+
+
+def test_a_stored_note_that_called_rounding_a_move_reads_unchanged_once_upgraded():
+    """Results before format 10 could word a rounding error as a move; the upgrade says it as perfkit now
+    does, and leaves a real move (or a small but real one) as it was."""
+    from perfkit.experiment.records.formats import UPGRADES
+
+    def upgraded(note: str) -> str:
+        return UPGRADES[9]({"hypotheses": [{"changed": note, "executions": []}]})["hypotheses"][0]["changed"]
+
+    assert upgraded("changed: x: 2.22e-14% higher than 8.88 tok [8.88, 8.88]") == (
+        "changed: x: unchanged (8.88 tok, identical)"
+    )
+    assert upgraded("changed: x: 12% higher than 3 ms [2.9, 3.1]") == "changed: x: 12% higher than 3 ms [2.9, 3.1]"
+    assert upgraded("a: 1.5e-3% lower than 3 ms [2, 4]") == "a: 1.5e-3% lower than 3 ms [2, 4]"

@@ -33,6 +33,7 @@ Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 
@@ -126,11 +127,19 @@ def _8_to_9(old: dict) -> dict:
     return old
 
 
+#: a move of a rounding error's size, as results before format 10 could word it: '2.22e-14% higher than 8.88 tok ...'
+_NO_MOVE = re.compile(r"\b\d(?:\.\d+)?e-(?:\d{2,}|9)% (?:higher|lower) than (\S+ \S+)(?: \[[^\]]*\])?$")
+
+
 def _9_to_10(old: dict) -> dict:
-    """Earlier replicates did not say which machine they ran on; earlier results were of one machine."""
+    """Earlier replicates did not say which machine they ran on; earlier results were of one machine.
+    A `changed` note that called a rounding error a move says it as perfkit now does: 'unchanged (8.88
+    tok, identical)' (the values compared were identical; only the words were wrong)."""
     for h in old.get("hypotheses", []):
         if isinstance(h, dict):
             h.setdefault("per_machine", [])
+            if isinstance(h.get("changed"), str):
+                h["changed"] = _NO_MOVE.sub(r"unchanged (\1, identical)", h["changed"])
             if isinstance(h.get("measured"), dict):
                 h["measured"].setdefault("machines", None)
                 h["measured"].setdefault("between_machines", None)
