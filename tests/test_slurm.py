@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import psutil
@@ -434,6 +434,7 @@ def test_the_one_line_form_reads_back_as_the_table_and_defaults_the_rest(tmp_pat
     parsed = slurm.parse(spec)
     assert parsed.directives == ("--gres=gpu:1", "--exclusive") and parsed.cores == 1 and parsed.walltime == "01:00:00"
     assert slurm.parse("slurm:") == slurm.Slurm()  # every default
+    assert [f.name for f in fields(slurm.Slurm)] == list(config.SLURM_KEYS)  # one field per key the settings read
     options = slurm.job_options(slurm.Slurm(), resource="measure")
     assert options["python"] == sys.executable and options["cores"] == options["processes"] == 1
     assert options["worker_extra_args"] == ["--resources", "measure=1"]
