@@ -8,6 +8,20 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_stays_ctrl_c():
+    """Every test leaves SIGINT's handler as it found it: a handler left behind (dask-jobqueue 0.9.0 sets
+    one that exits on import) turns a later test's Ctrl-C into SystemExit, far from its cause."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)
+        pytest.fail(f"the test left SIGINT's handler changed ({after!r}); restore it")
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny tensors gain nothing from a second thread and lose a lot when the other core is busy."""

@@ -369,7 +369,8 @@ def test_the_readme_slurm_table_makes_the_job_script_it_says(tmp_path, monkeypat
     assert spec.startswith("slurm:partition=gpu,jobs=8,")
     settings = slurm.parse(spec)
     assert settings.partition == "gpu" and settings.resources == {"GPU": 1} and settings.jobs == 8
-    jobqueue = pytest.importorskip("dask_jobqueue")
+    pytest.importorskip("distributed")
+    jobqueue = slurm._jobqueue()  # never `import dask_jobqueue` here: 0.9.0 would turn this session's Ctrl-C into exit
     made = jobqueue.SLURMCluster(**slurm.job_options(settings, resource=cluster.RESOURCE))
     try:
         script = made.job_script()
