@@ -361,3 +361,24 @@ def test_a_gap_beyond_the_pools_spread_is_not_reproduced_even_across_machines():
     assert "the pool's machines differ by 2% (sd)" in changed(_measured_on("node-b", 13.0), then, "r0", [])
     same = not_reproduced(_measured_on("node-a", 13.0), then, "r0")  # the same machine: as before
     assert same and "equal execution keys" in same
+
+
+def test_the_fixture_hypotheses_on_two_simulated_machines_name_both_and_get_a_row_each(tmp_path):
+    """The project's fixture hypotheses (a cost, a scaling, a speedup) on `local:2x1`: every
+    replicate names its machine, each measured figure carries the machines' spread, the ledger a row each."""
+    from records import fixture_project, run
+
+    from perfkit.experiment.run import runner, schedule
+
+    ids = ["fx-cost-confirmed", "fx-scaling", "fx-speedup"]  # a mean, an exponent over a sweep, a ratio
+    project = fixture_project(tmp_path / "p", *ids)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
+        mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+        report = run(project, ids=ids, quick=True, replicates=2, budget_s=0, cluster="local:2x1", out=lambda _: None)
+    for h in report.results.hypotheses:
+        assert len({x.machine_id for x in h.executions}) == 2, h.id
+        assert h.measured.machines == 2 and h.measured.between_machines is not None, (h.id, h.measured)
+        assert len(h.per_machine) == 2 and all(row.measured for row in h.per_machine), h.id
+    ledger = (project.root / "hypotheses" / "LEDGER.md").read_text()
+    assert ledger.count("<details><summary>per machine: 2 machines</summary>") == len(ids)

@@ -10,10 +10,13 @@ with a utilization trace of that worker's machine, and sends back the executed n
 records, its log, the trace and the worker's machine in words. Nothing else is written remotely.
 
 Machines: the workers are grouped by the machine they run on (their host), and the replicates of
-every execution are spread evenly over those machines: replicate r goes to machine (r + s) mod M,
+every execution are spread evenly over those machines: replicate r is sent to machine (r + s) mod M,
 with s drawn from the run's id, so replicate r of every execution (every point of a sweep) shares
 one machine and each machine measures a share of each execution. Each replicate records its
-machine; the verdict then treats the machine as a level above the process (perfkit/stats.py).
+machine; the verdict then treats the machine as a level above the process (perfkit/stats.py). The
+placement is a preference (Dask's loose restrictions), so a machine whose workers are gone does not
+hang the run; a scheduler that steals work may move a replicate, and the replicate then says where it
+ran. `local:MxN` turns work stealing off, so its placement holds.
 `--cluster local:MxN` simulates a pool of M machines of N workers each on this host, each with its
 own CPUs and its own machine id (`<this machine's id>/sim<k>`); `local:MxN:slowdown=1,1.1` gives
 machine k's probes PERFKIT_SIMULATED_SLOWDOWN (a probe of known truth multiplies what it sleeps by it).
@@ -84,7 +87,12 @@ def connect(spec: str, *, timeout_s: float = 5.0):
         simulated = Simulated.parse(spec)
         environ = dict(os.environ)  # Dask sets OMP_NUM_THREADS=1 and more here for its workers: not ours to keep
         try:
-            with dask.config.set({"distributed.scheduler.allowed-failures": 1}):  # one retry after a lost worker
+            settings = {
+                "distributed.scheduler.allowed-failures": 1,  # one retry after a lost worker
+                # a replicate waits for its machine's worker, not stolen by an idle one of another machine
+                "distributed.scheduler.work-stealing": simulated.machines == 1,
+            }
+            with dask.config.set(settings):
                 cluster = distributed.LocalCluster(
                     n_workers=simulated.machines * simulated.per_machine,
                     threads_per_worker=1,
