@@ -578,6 +578,8 @@ def warnings(replicates: Replicates) -> list[str]:
 #: family-wise level of the test that one process stands apart (shared by all processes)
 APART_LEVEL = 0.05
 APART_SHRINK = 2.0  # ... and it drives the spread: without it, the spread between processes is this many times smaller
+APART_MATERIAL = 0.1  # ... and it is 10% away at least (a factor of 1.1; 10% of the largest value's size): two
+#: processes that agree to 0.1% make any third look apart by t alone, and a 6% difference is not worth a warning
 
 
 def apart(estimates: Sequence[float], *, log: bool) -> tuple[int, float] | None:
@@ -587,9 +589,10 @@ def apart(estimates: Sequence[float], *, log: bool) -> tuple[int, float] | None:
     Each process in turn is set against the others: its distance from their mean, in units of their
     spread, is Student's t with R - 2 degrees of freedom when it is one more draw like them (a
     prediction interval). It stands apart when that is beyond chance for any of the R processes
-    (Bonferroni, `APART_LEVEL` in all) and the spread of the estimates shrinks `APART_SHRINK` times or
-    more without it. With `log` the estimates (positive: times, rates, ratios) are compared on the log
-    scale, as factors. Three processes at least; with fewer, which one is odd cannot be told.
+    (Bonferroni, `APART_LEVEL` in all), the spread of the estimates shrinks `APART_SHRINK` times or
+    more without it, and it is `APART_MATERIAL` away at least. With `log` the estimates (positive:
+    times, rates, ratios) are compared on the log scale, as factors. Three processes at least; with
+    fewer, which one is odd cannot be told.
     """
     values = np.asarray(estimates, dtype=float)
     if values.size < 3 or not np.all(np.isfinite(values)) or (log and not np.all(values > 0)):
@@ -601,6 +604,7 @@ def apart(estimates: Sequence[float], *, log: bool) -> tuple[int, float] | None:
         return None
     found: tuple[int, float] | None = None
     strongest = 0.0
+    material = math.log1p(APART_MATERIAL) if log else APART_MATERIAL * float(np.abs(values).max())
     for i in range(values.size):
         others = np.delete(values, i)
         rest = float(others.std(ddof=1))
@@ -608,6 +612,6 @@ def apart(estimates: Sequence[float], *, log: bool) -> tuple[int, float] | None:
         t = distance / (rest * math.sqrt(1 + 1 / others.size)) if rest > 0 else math.inf
         chance = 2 * (1 - t_cdf(t, values.size - 2)) if math.isfinite(t) else 0.0
         shrink = spread / rest if rest > 0 else math.inf
-        if chance * values.size < APART_LEVEL and shrink >= APART_SHRINK and t > strongest:
+        if chance * values.size < APART_LEVEL and shrink >= APART_SHRINK and distance >= material and t > strongest:
             found, strongest = (i, shrink), t
     return found
