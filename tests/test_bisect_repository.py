@@ -70,6 +70,7 @@ def interrupted(history, installed) -> dict:
     """A first bisect, interrupted (SIGINT) once its two ends were measured and the middle started."""
     repo, shas = history
     before = state(repo)
+    earlier = set((repo / "runs" / "bisect").glob("*/bisect.json"))  # another test's bisect may have run first
     env = {k: v for k, v in installed.items() if not k.startswith("_")}
     proc = subprocess.Popen(
         ["perfkit", "bisect", HID, "--good", shas[0], *FEW],
@@ -83,7 +84,7 @@ def interrupted(history, installed) -> dict:
             break
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    (record,) = (repo / "runs" / "bisect").glob("*/bisect.json")  # the only bisect so far
+    (record,) = set((repo / "runs" / "bisect").glob("*/bisect.json")) - earlier  # this one's
     return {
         "before": before,
         "after": state(repo),
