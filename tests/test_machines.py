@@ -163,6 +163,8 @@ def pooled(tmp_path_factory):
     nbformat.write(probe_notebook("n: int = 5  # naps", SLEEPER), str(root / "notebooks" / "sleeper.ipynb"))
     (root / "hypotheses" / "nap-pool.yaml").write_text(RECORD.format(id="nap-pool", extra=""))
     (root / "hypotheses" / "nap-every.yaml").write_text(RECORD.format(id="nap-every", extra="machines: every\n"))
+    held = RECORD.format(id="nap-every-13", extra="machines: every\n").replace("value: 11\n", "value: 13\n")
+    (root / "hypotheses" / "nap-every-13.yaml").write_text(held.replace("at most 11 ms", "at most 13 ms"))
     project = Project(root)
     lines: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
@@ -205,6 +207,14 @@ def test_the_pool_claim_reports_the_machines_apart_and_a_row_per_machine(pooled)
     assert 1.14 < slow / fast < 1.22, (slow, fast)  # the 20% the simulation put there (less the sleeps' overshoot)
     ledger = (project.root / "hypotheses" / "LEDGER.md").read_text()
     assert "per machine" in ledger and "/sim1" in ledger
+
+
+def test_a_claim_that_holds_on_every_machine_is_confirmed_though_the_pools_interval_is_wide(pooled):
+    _, report, _ = pooled
+    result = {h.id: h for h in report.results.hypotheses}["nap-every-13"]
+    assert {row.verdict for row in result.per_machine} == {"confirmed"}
+    assert result.verdict == "confirmed" and result.off_by == "confirmed on each of the 2 machines"
+    assert result.measured.high > 13  # the pool's own interval (two machines) straddles the bound
 
 
 def test_a_claim_about_every_machine_is_decided_by_the_worst(pooled):

@@ -142,13 +142,10 @@ def test_ledger_check_passes_after_the_run(first):
 
 def test_second_run_reuses_every_execution_and_force_reexecutes(measured_once):
     project, report, _ = measured_once
-    started = time.monotonic()
     again, lines = rerun(project, ids=OK, jobs=2)  # as the first run: the same thread count, the same key
-    reused_wall = time.monotonic() - started
-    assert again.executed == 0 and again.reused == 2  # n=1000 and n=4000
+    assert again.executed == 0 and again.reused == 2  # n=1000 and n=4000 (no kernel started: none timed here)
     assert sum(1 for line in lines if line.startswith("[reused]") and f"from run {report.run_id}" in line) == 2
     assert verdicts(again) == {k: v for k, v in verdicts(report).items() if k in OK}
-    assert reused_wall < report.wall_s / 2
     # a history of measurements, not of runs: nothing new measured, nothing new stored
     assert not (project.results_dir / f"{again.run_id}.json").exists()
     assert any(line.startswith("nothing new was measured") for line in lines)

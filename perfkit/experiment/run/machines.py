@@ -85,8 +85,9 @@ def over_machines(pooled: Judgement, per_machine: tuple[MachineMeasured, ...], e
             judgement = replace(judgement, warnings=(*judgement.warnings, more), needed=None)
         return judgement
     worst = min(per_machine, key=lambda m: _WORST.index(m.verdict) if m.verdict in _WORST else 0)
-    if worst.verdict == Verdict.CONFIRMED.value:
-        return replace(judgement, reason=None)
+    if worst.verdict == Verdict.CONFIRMED.value:  # on each machine, whatever the pool's wider interval says
+        held = f"confirmed on each of the {len(per_machine)} machines"
+        return replace(judgement, verdict=Verdict.CONFIRMED, reason=None, off_by=held, needed=None)
     why = worst.reason or (f"measured {worst.measured.text()}" if worst.measured else "")
     return replace(
         judgement,
