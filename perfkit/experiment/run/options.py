@@ -103,7 +103,10 @@ def check_cluster(spec: str) -> None:
         return
     found = _ADDRESS.match(spec)
     if found is None or not 0 < int(found["port"]) < 65536:
-        raise UserError(f"--cluster {spec[:80]!r}: expected local:N or a scheduler address like tcp://host:8786")
+        raise UserError(
+            f"--cluster {spec[:80]!r}: expected local:N, local:MxN, slurm:[KEY=VALUE,...] or a scheduler address "
+            "like tcp://host:8786"
+        )
     scheme = found["scheme"] or "tcp"
     if scheme not in _SCHEMES:
         raise UserError(f"--cluster {spec[:80]}: unknown scheme {scheme}://; expected one of {', '.join(_SCHEMES)}")
@@ -152,9 +155,9 @@ class RunOptions:
     cluster: str | None = _flag(
         None,
         "--cluster",
-        "run the probe executions on a Dask cluster: a scheduler address, local:N for N local workers, or "
-        "slurm:KEY=VALUE,... for workers in Slurm jobs (default: [tool.perfkit] cluster in pyproject.toml, "
-        "else this machine)",
+        "run the probe executions on a Dask cluster: a scheduler address, local:N for N local workers, "
+        "local:MxN[:slowdown=F1,...] for M simulated machines of N workers, or slurm:KEY=VALUE,... for workers "
+        "in Slurm jobs (default: [tool.perfkit] cluster in pyproject.toml, else this machine)",
         metavar="ADDRESS",
     )
     profile: str | None = _flag(
