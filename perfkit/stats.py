@@ -219,30 +219,18 @@ def _kept(replicates: Replicates, machines: Sequence[str] | None) -> Sequence[st
 
 def _estimate(units: list[float], replicates: int, samples: list[np.ndarray], *, confidence: float, log: bool,
               centre: float | None = None, machines: Sequence[str] | None = None) -> Estimate:  # fmt: skip
-    scaled = np.log(np.asarray(units, dtype=float)) if log else np.asarray(units, dtype=float)
+    per_process = np.log(np.asarray(units, dtype=float)) if log else np.asarray(units, dtype=float)
     groups = _groups(machines, len(units)) if replicates > 1 else []
-    if len(groups) > 1:
-        means = [float(scaled[g].mean()) for g in groups]  # each machine's processes, averaged first
-        if centre is None:
-            centre = float(np.exp(np.mean(means))) if log else float(np.mean(means))
-        pooled = [math.exp(m) for m in means] if log else means
-        value, low, high = interval(pooled, confidence=confidence, log=log, centre=centre)
-        sd = _between_machines(scaled, groups)
-        share = math.expm1(sd) if log else (sd / abs(value) if value else math.inf)
-        return Estimate(
-            value=value,
-            low=low,
-            high=high,
-            replicates=replicates,
-            units=len(groups),
-            n=int(sum(r.size for r in samples)),
-            spread=float(np.std(means, ddof=1)),
-            log=log,
-            confidence=confidence,
-            machines=len(groups),
-            between_machines=share,
-        )
+    nested = len(groups) > 1
+    scaled = per_process
+    if nested:  # each machine's processes averaged first: the machine means are the interval's units
+        scaled = np.array([per_process[g].mean() for g in groups])
+        units = [math.exp(m) for m in scaled] if log else list(scaled)
     value, low, high = interval(units, confidence=confidence, log=log, centre=centre)
+    share = None
+    if nested:
+        sd = _between_machines(per_process, groups)
+        share = math.expm1(sd) if log else (sd / abs(value) if value else math.inf)
     return Estimate(
         value=value,
         low=low,
@@ -253,6 +241,8 @@ def _estimate(units: list[float], replicates: int, samples: list[np.ndarray], *,
         spread=float(scaled.std(ddof=1)) if scaled.size > 1 else math.inf,
         log=log,
         confidence=confidence,
+        machines=len(groups) if nested else 1,
+        between_machines=share,
     )
 
 
@@ -266,6 +256,12 @@ def _groups(machines: Sequence[str] | None, count: int) -> list[list[int]]:
     for i, machine in enumerate(machines):
         found.setdefault(machine, []).append(i)
     return list(found.values())
+
+
+def _mean_of_machines(units: list[float], machines: Sequence[str] | None) -> float:
+    """The mean of the units; over several machines, the mean of each machine's mean (each weighs the same)."""
+    groups = _groups(machines, len(units))
+    return float(np.mean([np.mean([units[i] for i in g]) for g in groups] if len(groups) > 1 else units))
 
 
 def _between_machines(scaled: np.ndarray, groups: list[list[int]]) -> float:
@@ -296,8 +292,7 @@ def mean_estimate(
     reps, machines = _replicates(replicates), _kept(replicates, machines)
     if len(reps) > 1:
         units = [float(r.mean()) for r in reps]
-        groups = _groups(machines, len(units))
-        centre = float(np.mean([np.mean([units[i] for i in g]) for g in groups] if len(groups) > 1 else units))
+        centre = _mean_of_machines(units, machines)
     else:
         units = [float(reps[0][s].mean()) for s in _batches(reps[0].size)]
         centre = float(reps[0].mean())
@@ -339,9 +334,8 @@ def ratio_estimate(numerator: Replicates, denominator: Replicates, *, paired: bo
             units = [float(x.mean() / y.mean()) for x, y in zip(sa, sb) if y.mean() != 0]
     centre = None if len(num) > 1 else float(num[0].mean() / den[0].mean())  # one process: its own ratio
     if not log:
-        groups = _groups(machines, len(units)) if len(num) > 1 else []
         if centre is None:  # the units' mean (over machines: of the machine means)
-            centre = float(np.mean([np.mean([units[i] for i in g]) for g in groups] if len(groups) > 1 else units))
+            centre = _mean_of_machines(units, machines)
         log = _positive(num + den, units)
     return _estimate(  # samples: of one side
         units, len(num), num, confidence=confidence, log=log, centre=centre, machines=machines

@@ -115,6 +115,16 @@ def fixture_project(root: Path, *ids: str) -> Project:
     return Project(root)
 
 
+def shared_machine(mp) -> None:
+    """What a test of a run's mechanics sets with its MonkeyPatch `mp`: a fixed source hash (a test edits
+    no perfkit code, but a suite run beside an edit must not see it) and no fitness verdicts (the suite
+    shares the machine; fitness has tests of its own)."""
+    from perfkit.experiment.run import runner, schedule
+
+    mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
+    mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+
+
 def run(project: Project, *, out=print, **options: Any):
     """`perfkit run` in this process: RunOptions from the keywords (`ids` a list), lines to `out`."""
     from perfkit.experiment.run import runner

@@ -128,21 +128,28 @@ def room(module: str) -> str | None:
     raise AssertionError(f"{module}: no room of perfkit/experiment; put it in one of {sorted(ROOMS)}")
 
 
-def room_violations(edges: dict[str, set[str]]) -> list[str]:
+def arrows_up(edges: dict[str, set[str]], room_of, may_import) -> list[str]:
+    """Each import between two rooms that `may_import(module, here, target, there)` refuses."""
     bad = []
     for module, targets in sorted(edges.items()):
-        here = room(module)
+        here = room_of(module)
         for target in sorted(targets):
-            there = room(target)
+            there = room_of(target)
             if here is None or there is None or here == there:
                 continue
-            if here == "compat":
-                allowed = target == f"perfkit.experiment.{COMPAT[module.split('.')[2]]}"
-            else:
-                allowed = there != "compat" and ROOMS[there] < ROOMS[here]
-            if not allowed:
+            if not may_import(module, here, target, there):
                 bad.append(f"{module} ({here}) imports {target} ({there})")
     return bad
+
+
+def _experiment_may_import(module: str, here: str, target: str, there: str) -> bool:
+    if here == "compat":  # an old path imports only the module that replaced it
+        return target == f"perfkit.experiment.{COMPAT[module.split('.')[2]]}"
+    return there != "compat" and ROOMS[there] < ROOMS[here]
+
+
+def room_violations(edges: dict[str, set[str]]) -> list[str]:
+    return arrows_up(edges, room, _experiment_may_import)
 
 
 #: The rooms of perfkit/engine, from the bottom: the model (the modules at engine/'s top: model, drafter,
@@ -164,16 +171,7 @@ def engine_room(module: str) -> str | None:
 
 
 def engine_room_violations(edges: dict[str, set[str]]) -> list[str]:
-    bad = []
-    for module, targets in sorted(edges.items()):
-        here = engine_room(module)
-        for target in sorted(targets):
-            there = engine_room(target)
-            if here is None or there is None or here == there:
-                continue
-            if ENGINE_ROOMS[there] >= ENGINE_ROOMS[here]:
-                bad.append(f"{module} ({here}) imports {target} ({there})")
-    return bad
+    return arrows_up(edges, engine_room, lambda module, here, target, there: ENGINE_ROOMS[there] < ENGINE_ROOMS[here])
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from records import fixture_project, run
+from records import fixture_project, run, shared_machine
 
 from perfkit.cli import main
 from perfkit.errors import UserError
-from perfkit.experiment.run import cluster, runner, schedule
+from perfkit.experiment.run import cluster
 from perfkit.paths import Project
 
 QUICK = ["fx-cost-confirmed", "fx-cost-refuted", "fx-raises", "fx-scaling", "fx-share", "fx-silent", "fx-speedup"]
@@ -20,10 +20,7 @@ QUICK = ["fx-cost-confirmed", "fx-cost-refuted", "fx-raises", "fx-scaling", "fx-
 @pytest.fixture
 def project(tmp_path, monkeypatch) -> Project:
     root = fixture_project(tmp_path / "project").root
-    monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    monkeypatch.setattr(
-        schedule.fitness, "unfit", lambda trace, window=None, limits=None: None
-    )  # the suite shares the machine
+    shared_machine(monkeypatch)
     return Project(root)
 
 

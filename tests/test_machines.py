@@ -151,9 +151,8 @@ def pooled(tmp_path_factory):
     """The same claim about the pool and about every machine, measured on `local:2x1` with machine sim1
     20% slower than sim0: 3 replicates on each."""
     import nbformat
-    from records import run
+    from records import run, shared_machine
 
-    from perfkit.experiment.run import runner, schedule
     from perfkit.experiment.run.scaffold import probe_notebook
     from perfkit.paths import Project
 
@@ -168,8 +167,7 @@ def pooled(tmp_path_factory):
     project = Project(root)
     lines: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-        mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)  # sleeps: load-proof
+        shared_machine(mp)
         report = run(
             project,
             all=True,
@@ -281,17 +279,16 @@ def test_per_machine_on_the_command_line_makes_every_claim_one_about_every_machi
     """`--per-machine` judges the pool claim as `machines: every` does: the measurements are reused."""
     import argparse
 
-    from records import run
+    from records import run, shared_machine
 
-    from perfkit.experiment.run import options, runner, schedule
+    from perfkit.experiment.run import options
 
     parser = argparse.ArgumentParser()
     options.add_arguments(parser)
     assert options.from_args(parser.parse_args(["--all", "--per-machine"]), command="run").per_machine
     project, _, _ = pooled
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-        mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+        shared_machine(mp)
         again = run(
             project,
             ids=["nap-pool"],
@@ -376,15 +373,12 @@ def test_a_gap_beyond_the_pools_spread_is_not_reproduced_even_across_machines():
 def test_the_fixture_hypotheses_on_two_simulated_machines_name_both_and_get_a_row_each(tmp_path):
     """The project's fixture hypotheses (a cost, a scaling, a speedup) on `local:2x1`: every
     replicate names its machine, each measured figure carries the machines' spread, the ledger a row each."""
-    from records import fixture_project, run
-
-    from perfkit.experiment.run import runner, schedule
+    from records import fixture_project, run, shared_machine
 
     ids = ["fx-cost-confirmed", "fx-scaling", "fx-speedup"]  # a mean, an exponent over a sweep, a ratio
     project = fixture_project(tmp_path / "p", *ids)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-        mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+        shared_machine(mp)
         report = run(project, ids=ids, quick=True, replicates=2, budget_s=0, cluster="local:2x1", out=lambda _: None)
     for h in report.results.hypotheses:
         assert len({x.machine_id for x in h.executions}) == 2, h.id

@@ -7,12 +7,12 @@ import io
 import shutil
 
 import pytest
-from records import fixture_project, run
+from records import fixture_project, run, shared_machine
 
 from perfkit.experiment.outputs import ledger
 from perfkit.experiment.records import plots
 from perfkit.experiment.records.results import load_all_results, stamp
-from perfkit.experiment.run import commit, runner, schedule
+from perfkit.experiment.run import commit
 from perfkit.paths import Project
 
 HID = "fx-cost-confirmed"
@@ -22,8 +22,7 @@ HID = "fx-cost-confirmed"
 def measured(tmp_path_factory):
     project = fixture_project(tmp_path_factory.mktemp("measured") / "p", HID)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-        mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+        shared_machine(mp)
         run(project, ids=[HID], replicates=2, budget_s=0, out=lambda line: None)
     return project
 

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from records import fixture_project, run
+from records import fixture_project, run, shared_machine
 
 from perfkit.errors import UserError
 from perfkit.experiment.records import config
-from perfkit.experiment.run import cluster, runner, schedule, slurm
+from perfkit.experiment.run import cluster, slurm
 from perfkit.paths import Project
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -208,10 +208,7 @@ def _workers(within_s: float = 30.0) -> list[str]:
 @pytest.fixture
 def project(tmp_path, monkeypatch) -> Project:
     root = fixture_project(tmp_path / "project").root
-    monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    monkeypatch.setattr(
-        schedule.fitness, "unfit", lambda trace, window=None, limits=None: None
-    )  # the suite shares the machine
+    shared_machine(monkeypatch)
     return Project(root)
 
 
