@@ -18,13 +18,7 @@ from perfkit.errors import UserError
 from perfkit.experiment.records import compare
 from perfkit.experiment.records.hypothesis import Hypothesis
 from perfkit.experiment.records.results import Execution, HypothesisResult, MetricSummary
-from perfkit.experiment.records.verdict import (
-    UNFIT_REASON,
-    Inconclusive,
-    Judgement,
-    Point,
-    Verdict,
-)
+from perfkit.experiment.records.verdict import UNFIT_REASON, Inconclusive, Judgement, Point, Verdict
 from perfkit.experiment.run import machines
 from perfkit.samples import MetricRecord
 
@@ -77,7 +71,7 @@ def merge_points(executions: list[Execution], sweep_param: str | None) -> list[P
     points = []
     for entries in groups.values():
         _, first, at = entries[0]
-        machines = tuple(x.machine_id for x, _, _ in entries)
+        ran_on = tuple(x.machine_id for x, _, _ in entries)
         points.append(
             Point(
                 name=first.name,
@@ -88,7 +82,7 @@ def merge_points(executions: list[Execution], sweep_param: str | None) -> list[P
                 breakdown=first.breakdown,
                 records=len(entries),
                 duplicated=len(entries) != len({(x.key, x.replicate) for x, _, _ in entries}),
-                machines=machines if all(machines) else None,
+                machines=ran_on if all(ran_on) else None,
             )
         )
     return points
@@ -228,17 +222,8 @@ def not_reproduced(result: HypothesisResult, previous: HypothesisResult | None, 
     now, then = result.measured, previous.measured
     if now.low <= then.high and then.low <= now.high:
         return None
-    if machines.ids(previous) != machines.ids(
-        result
-    ):  # another machine of the same kind: its own offset is no surprise
-        spread = machines.pool_spread(previous, result)
-        gap = abs(now.value / then.value - 1) if then.value > 0 and now.value > 0 else None
-        if spread is None or gap is None or gap <= 2 * spread:
-            return None
-        return (
-            f"run {previous_run} measured {then.text()} on another machine of this kind, farther apart than "
-            f"the pool's machines are ({units.format_number(100 * spread)}% sd)"
-        )
+    if machines.ids(previous) != machines.ids(result):  # another machine of the same kind
+        return machines.beyond_the_pool(previous, result, previous_run)
     return f"run {previous_run} measured {then.text()} with {SAME_KEYS} (equal execution keys)"
 
 

@@ -110,6 +110,20 @@ def pool_spread(*results: HypothesisResult) -> float | None:
     return max(found) if found else None
 
 
+def beyond_the_pool(previous: HypothesisResult, result: HypothesisResult, previous_run: str) -> str | None:
+    """'Not reproduced' across machines of one kind: only when the two measurements are farther apart than
+    twice the spread between machines a run over several measured (its own offset is no surprise)."""
+    then, now = previous.measured, result.measured
+    spread = pool_spread(previous, result)
+    gap = abs(now.value / then.value - 1) if then.value > 0 and now.value > 0 else None
+    if spread is None or gap is None or gap <= 2 * spread:
+        return None
+    return (
+        f"run {previous_run} measured {then.text()} on another machine of this kind, farther apart than "
+        f"the pool's machines are ({units.format_number(100 * spread)}% sd)"
+    )
+
+
 def machine_change(result: HypothesisResult, previous: HypothesisResult | None) -> str | None:
     """'the machine changed: ...' when the two measurements ran on different machines (both said)."""
     if previous is None:
