@@ -16,6 +16,8 @@ _PUBLIC = {
     "record_breakdown": "perfkit.probe.recording",
     "record_profile_lines": "perfkit.probe.recording",
     "profile_window": "perfkit.probe.logsources",
+    "metrics_window": "perfkit.probe.metrics",
+    "record_metrics": "perfkit.probe.metrics",
     "span": "perfkit.probe.spans",
     "timed": "perfkit.probe.spans",
     "capture": "perfkit.probe.spans",

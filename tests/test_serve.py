@@ -22,6 +22,7 @@ pytest.importorskip("uvicorn")
 
 from perfkit.engine import data, load_engine  # noqa: E402
 from perfkit.engine.serve.app import Job, Reply, _stream  # noqa: E402
+from perfkit.engine.serve.metrics import ServerMetrics  # noqa: E402
 from perfkit.engineoptions import EngineOptions  # noqa: E402
 from perfkit.probe import serving  # noqa: E402
 from perfkit.probe.servers import Server, free_port, get_json  # noqa: E402
@@ -81,6 +82,10 @@ def own_server(tmp_path):
     )
     with srv:
         yield srv
+
+
+def _clock():
+    return ServerMetrics("m", running=lambda: 0, waiting=lambda: 0).arrived()
 
 
 def _greedy(engine, prompt: str, n: int) -> str:
@@ -210,6 +215,30 @@ def test_the_probes_client_measures_it(server):
     assert all(0 < r.ttft < r.e2e_latency and sum(r.chunk_tokens) == 8 and len(r.itl) == 7 for r in chat)
 
 
+def test_its_metrics_say_what_a_window_of_requests_did_as_vllms_would(server):
+    from perfkit.probe import metrics
+
+    with metrics.metrics_window(server) as w:
+        results = serving.run(server.url, context=64, gen=16, concurrency=2, requests=4, warmup=0)
+    assert all(r.ok for r in results)
+    labels = (("model_name", MODEL),)
+    assert w.counter("perfkit:generation_tokens") == {labels: 64.0}
+    assert w.counter("perfkit:prompt_tokens") == {labels: 256.0}
+    assert w.counter("perfkit:request_success") == {labels: 4.0}
+    assert w.gauge("perfkit:num_requests_running")[labels][1] == 0.0  # read after the last stream ended
+    ttft, itl = w.histogram("perfkit:time_to_first_token_seconds"), w.histogram("perfkit:inter_token_latency_seconds")
+    assert ttft.count == 4 and itl.count == 4 * 15  # a gap per token after the first, whatever a step carried
+    client = sorted(r.ttft for r in results)
+    assert ttft.mean < sum(client) / 4  # the server's clock starts later and stops earlier than the client's
+    assert itl.sum == pytest.approx(sum(r.e2e_latency - r.ttft for r in results), rel=0.5)
+    steps = w.counter("perfkit:spec_decode_steps")[labels]
+    phases = w.histograms("perfkit:step_phase_seconds", by=None)  # the server profiles: each rank's phases
+    step_rows = {dict(k)["rank"]: h for k, h in phases.items() if dict(k)["phase"] == "step"}
+    assert sorted(step_rows) == ["0", "1"] and all(h.count == steps for h in step_rows.values())
+    assert {dict(k)["phase"] for k in phases} >= {"verify_forward", "prepare_for_verify", "unattributed"}
+    assert w.before.start_time() == w.after.start_time() is not None  # a restart would change it
+
+
 def test_a_profile_window_asks_the_ranks_for_reports_at_its_edges(server):
     from perfkit.errors import UserError
     from perfkit.probe import logsources, recording
@@ -228,7 +257,7 @@ def test_a_profile_window_asks_the_ranks_for_reports_at_its_edges(server):
 
 def test_a_multibyte_character_is_never_split():
     async def frames() -> list[str]:
-        job = Job([1], 3, 0.0, 0)
+        job = Job([1], 3, 0.0, 0, _clock())
         for event in (("tokens", [0xC3]), ("tokens", [0xA9, 0x21]), ("done",)):
             job.events.put_nowait(event)
         first = await job.events.get()
@@ -243,7 +272,7 @@ def test_a_multibyte_character_is_never_split():
 
 def test_an_error_once_streaming_is_an_error_frame_then_done():
     async def frames() -> list[str]:
-        job = Job([1], 3, 0.0, 0)
+        job = Job([1], 3, 0.0, 0, _clock())
         job.events.put_nowait(("error", 503, "rank 1 (pid 9) died: killed by SIGKILL"))
         params = {"continuous": False, "include_usage": True}
         return [f async for f in _stream(Reply("m", True, 1), job, ("tokens", [65]), params, per_token=False)]

@@ -29,6 +29,13 @@ What counts, defined here once (`ttft`, `tpot`, `itl`, `e2e_latency`, `output_th
   the last stream's end (less the time spent in `run(each=...)`); `request_throughput`: completed
   requests / the same wall time.
 
+The server's own figures: `run(..., window=serving.metrics_window(url))` reads its Prometheus
+`/metrics` after the warm-up and after the last measured request, and `serving.record_metrics(w,
+{"ttft": "vllm:time_to_first_token_seconds"}, prefix="server_")` records that window's histograms
+(perfkit.probe.metrics: vLLM's, SGLang's, llama.cpp's or `perfkit engine serve`'s, which names its
+families as vLLM does with a `perfkit:` prefix). A server's TTFT runs from the request's arrival to
+its first token leaving the engine; the client's adds the network and the first frame.
+
 Prompts have exactly `context` tokens on a byte-vocabulary server (the bundled engine); on another
 the server's counts are checked, and a mismatch is in every note. Requests ask for `ignore_eos`, so a
 server that honours it (vLLM, SGLang) generates all `gen` tokens; a shorter answer is counted.
@@ -52,6 +59,7 @@ from perfkit import units
 from perfkit.engineoptions import EngineOptions
 from perfkit.errors import UserError
 from perfkit.probe import recording
+from perfkit.probe.metrics import metrics_window, record_metrics
 from perfkit.probe.servers import Remote, Server, identity, server
 from perfkit.probe.streams import Stream, Target, chunk_tokens, load_aiohttp, request, spread, tokenize
 from perfkit.probe.workload import arrival_times, make_prompts
@@ -65,8 +73,10 @@ __all__ = [
     "arrival_times",
     "identity",
     "make_prompts",
+    "metrics_window",
     "overhead",
     "record",
+    "record_metrics",
     "run",
     "server",
     "summary",
@@ -176,8 +186,9 @@ def _result(index: int, stream: Stream, target: Target, tokenized: int | None, o
     )
 
 
-async def _measured(session, target: Target, prompts: list[str], plan: dict[str, Any]) -> list[RequestResult]:
-    """The warm-up requests (excluded), then the measured ones at their arrival times, `concurrency` at a time."""
+async def _measured(session, target: Target, prompts: list[str], plan: dict[str, Any], window) -> list[RequestResult]:
+    """The warm-up requests (excluded), then the measured ones at their arrival times, `concurrency` at a
+    time, inside `window` when one is given."""
     tokenized: list[int | None] = []
     for prompt in prompts:
         tokenized.append(await tokenize(session, target, prompt) if not tokenized or tokenized[0] is not None else None)
@@ -188,6 +199,8 @@ async def _measured(session, target: Target, prompts: list[str], plan: dict[str,
             print(f"perfkit.serving: warm-up request {i} failed: {stream.error}")
     gate = asyncio.Semaphore(plan["concurrency"])
     arrivals = arrival_times(len(prompts) - warmup, plan["rate"], plan["seed"])
+    if window is not None:
+        await asyncio.to_thread(window.__enter__)
     origin = time.perf_counter()
 
     each = plan["each"]
@@ -210,7 +223,15 @@ async def _measured(session, target: Target, prompts: list[str], plan: dict[str,
                 waited += time.perf_counter() - t
         return replace(_result(i, stream, target, tokenized[warmup + i], origin), waited=waited)
 
-    return list(await asyncio.gather(*(one(i, at) for i, at in enumerate(arrivals))))
+    try:
+        results = list(await asyncio.gather(*(one(i, at) for i, at in enumerate(arrivals))))
+    except BaseException as exc:
+        if window is not None:
+            await asyncio.to_thread(window.__exit__, type(exc), exc, exc.__traceback__)
+        raise
+    if window is not None:
+        await asyncio.to_thread(window.__exit__, None, None, None)
+    return results
 
 
 def run(
@@ -228,6 +249,7 @@ def run(
     seed: int = 0,
     text: str | bytes | None = None,
     each: Callable[[], AbstractContextManager] | None = None,
+    window: AbstractContextManager | None = None,
 ) -> list[RequestResult]:
     """Send `requests` streamed requests (4 x `concurrency` when None) of exactly `context` prompt tokens,
     `gen` tokens each at temperature 0, at most `concurrency` at once, sent at once or as a Poisson
@@ -238,6 +260,8 @@ def run(
     `each`: a function returning a context manager that every measured request runs inside (with
     concurrency 1), e.g. `lambda: perfkit.profile_window(server)` for the server's own lines per
     request; the time its entry and exit take is in `waited`, never in a request's figures.
+    `window`: a context manager entered after the warm-up and left when the last measured request
+    ended, e.g. `serving.metrics_window(url)`: the server's own metrics of the measured requests alone.
     """
     checks = {"context": context, "gen": gen, "concurrency": concurrency, "requests": requests, "warmup": warmup}
     for name, value in checks.items():
@@ -259,7 +283,7 @@ def run(
         async with http.ClientSession(connector=connector) as session:
             target = Target(url, model, chat, gen, timeout, context)
             plan = {"warmup": warmup, "concurrency": concurrency, "rate": rate, "seed": seed, "each": each}
-            return await _measured(session, target, prompts, plan)
+            return await _measured(session, target, prompts, plan, window)
 
     return _sync(go)
 

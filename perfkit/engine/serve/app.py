@@ -7,7 +7,8 @@ after one died), GET /v1/models (one model, "perfkit-<preset>"; its "perfkit" me
 identity: preset, tp, mode, budget, mask, tree, device, dtype, fill, threads, version, commit (of
 the perfkit source when it is a git checkout, `-dirty` when its perfkit/ has changes, else null),
 max_model_len, and, new on every start, "pids" (the ranks) and "server_pid"), GET /stats (batches,
-requests, largest_batch, queued), POST /tokenize, POST /v1/completions, POST /v1/chat/completions.
+requests, largest_batch, queued), GET /metrics (Prometheus, named as vLLM's: perfkit.engine.serve.metrics),
+POST /tokenize, POST /v1/completions, POST /v1/chat/completions.
 Every response has an `x-perfkit-engine` header.
 
 What a request may ask for, its defaults and the chat template: perfkit.engine.serve.api. Generation
@@ -46,6 +47,7 @@ from pathlib import Path
 
 from perfkit.engine import data
 from perfkit.engine.serve.api import Failure, chat_prompt, params, prompt_tokens
+from perfkit.engine.serve.metrics import CONTENT_TYPE, RequestClock, ServerMetrics
 from perfkit.engine.serve.workers import RankError, Workers
 from perfkit.engineoptions import APPROX_FROM, EngineOptions
 from perfkit.errors import UserError
@@ -59,10 +61,12 @@ STARTUP_TIMEOUT_S = 600.0
 
 def _deps():
     try:
+        import prometheus_client  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn
     except ImportError:
-        raise UserError("perfkit engine serve needs Starlette and uvicorn: pip install 'perfkit[serve]'") from None
+        message = "perfkit engine serve needs Starlette, uvicorn and prometheus_client: pip install 'perfkit[serve]'"
+        raise UserError(message) from None
     return uvicorn
 
 
@@ -70,8 +74,9 @@ class Job:
     """One request's generation; its events ("tokens", ids) ... ("done",) or ("error", status, text)
     arrive on `events` in the event loop's thread."""
 
-    def __init__(self, tokens: list[int], max_tokens: int, temperature: float, seed: int):
+    def __init__(self, tokens: list[int], max_tokens: int, temperature: float, seed: int, clock: RequestClock):
         self.tokens, self.max_tokens, self.temperature, self.seed = tokens, max_tokens, temperature, seed
+        self.clock = clock  # GET /metrics' times of this request, kept in the scheduler's thread
         self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
 
@@ -90,6 +95,8 @@ class Scheduler:
 
     def __init__(self, workers: Workers, *, max_batch: int, wait_s: float):
         self.workers, self.max_batch, self.wait_s = workers, max_batch, wait_s
+        self.metrics: ServerMetrics | None = None  # set by State once the model's name is known
+        self.running = 0  # requests in the batch being generated (GET /metrics)
         self.queue: deque[Job] = deque()
         self._cond = threading.Condition()
         self._stopped: str | None = None
@@ -140,14 +147,18 @@ class Scheduler:
         def on_tokens(step: list[list[int]]) -> None:
             for job, tokens in zip(batch, step):
                 if tokens:
+                    job.clock.tokens(len(tokens))
                     job.send(("tokens", tokens))
 
         first, counts = batch[0], self.counts
         counts.update(batches=counts["batches"] + 1, requests=counts["requests"] + len(batch))
         counts["largest_batch"] = max(counts["largest_batch"], len(batch))
         prompts, options = [job.tokens for job in batch], dict(temperature=first.temperature, seed=first.seed)
+        self.running = len(batch)
         try:
-            self.workers.generate(prompts, max_new_tokens=first.max_tokens, on_tokens=on_tokens, **options)
+            summary = self.workers.generate(prompts, max_new_tokens=first.max_tokens, on_tokens=on_tokens, **options)
+            if self.metrics is not None:
+                self.metrics.generated(summary)
             event = ("done",)
         except UserError as exc:  # the request's fault, unless it broke the workers
             event = ("error", 503 if self.workers.dead else 400, str(exc))
@@ -155,7 +166,9 @@ class Scheduler:
             event = ("error", 503, str(exc).splitlines()[0])
         except Exception as exc:
             event = ("error", 500, f"{type(exc).__name__}: {exc}")
+        self.running = 0
         for job in batch:
+            job.clock.finished(event[0] == "done", len(job.tokens))
             job.send(event)
 
 
@@ -166,6 +179,10 @@ class State:
         self.args, self.workers = args, workers
         self.scheduler = Scheduler(workers, max_batch=args.max_batch, wait_s=args.batch_wait_ms / 1e3)
         self.model = f"perfkit-{workers.options.preset}"
+        self.metrics = ServerMetrics(
+            self.model, running=lambda: self.scheduler.running, waiting=lambda: len(self.scheduler.queue)
+        )
+        self.scheduler.metrics = self.metrics
         self.status = "loading"  # loading | ready | failed | stopping
         self.reason = ""
         self.exit_code = 0
@@ -314,6 +331,7 @@ async def _complete(request, chat: bool):
     from starlette.responses import StreamingResponse
 
     state: State = request.app.state.perfkit
+    clock = state.metrics.arrived()
     body = await _body(request)
     _check_model(state, body)
     p = params(body, chat)
@@ -325,7 +343,7 @@ async def _complete(request, chat: bool):
         limit = state.workers.limits["max_seq_len"]
         message = f"the prompt ({len(p['tokens'])} tokens) and max_tokens {p['max_tokens']} do not fit the model's "
         raise Failure(400, message + f"{limit} positions: at most {max(longest, 0)} prompt tokens with this max_tokens")
-    job = Job(p["tokens"], p["max_tokens"], p["temperature"], p["seed"])
+    job = Job(p["tokens"], p["max_tokens"], p["temperature"], p["seed"], clock)
     state.scheduler.submit(job)
     first = await job.events.get()
     if first[0] == "error":
@@ -361,6 +379,11 @@ def _app(state: State):
         )
         return state.json({"object": "list", "data": [{**card, "perfkit": state.engine()}]})
 
+    async def metrics(request):
+        from starlette.responses import Response
+
+        return Response(state.metrics.text(), headers={"Content-Type": CONTENT_TYPE, **state.headers()})
+
     async def stats(request):
         return state.json(dict(state.scheduler.counts, queued=len(state.scheduler.queue)))
 
@@ -394,6 +417,7 @@ def _app(state: State):
         Route("/health", health),
         Route("/v1/models", models),
         Route("/stats", stats),
+        Route("/metrics", metrics),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/v1/completions", functools.partial(_complete, chat=False), methods=["POST"]),
         Route("/v1/chat/completions", functools.partial(_complete, chat=True), methods=["POST"]),

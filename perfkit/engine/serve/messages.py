@@ -30,9 +30,11 @@ class Step:
 
 @dataclass(frozen=True)
 class Done:
-    """A rank finished its job; rank 0 carries the summary (`_summary`), the others None."""
+    """A rank finished its job; rank 0 carries the summary (`_summary`), the others None. `steps`: while
+    the rank profiles (PERFKIT_PROFILE), each decode step's phases in seconds (`Capture.steps()`)."""
 
     summary: dict | None
+    steps: list[dict] | None = None
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ or when the parent dies.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from multiprocessing import connection
 from perfkit.engine.serve.messages import Done, Failed, Ready, Step
 from perfkit.engineoptions import EngineOptions
 from perfkit.errors import UserError
+from perfkit.probe import spans
 
 __all__ = ["main", "COLLECTIVE_TIMEOUT_S"]
 
@@ -67,26 +69,29 @@ def _serve(conn, engine, reduce, options: EngineOptions, *, first: bool) -> None
         except EOFError:
             return
         entered = reduce.calls if reduce is not None else 0
+        profiling = spans.enabled()  # each step's phases for GET /metrics, only when the server profiles
         try:
-            result = engine.generate(
-                job.prompts,
-                max_new_tokens=job.max_new_tokens,
-                mode=options.mode,
-                budget=options.budget,
-                tree=options.tree,
-                mask=options.mask,
-                fill=job.fill,
-                temperature=job.temperature,
-                seed=job.seed,
-                on_step=(lambda tokens: conn.send(Step(tokens))) if first else None,
-            )
+            with spans.capture() if profiling else contextlib.nullcontext() as profiled:
+                result = engine.generate(
+                    job.prompts,
+                    max_new_tokens=job.max_new_tokens,
+                    mode=options.mode,
+                    budget=options.budget,
+                    tree=options.tree,
+                    mask=options.mask,
+                    fill=job.fill,
+                    temperature=job.temperature,
+                    seed=job.seed,
+                    on_step=(lambda tokens: conn.send(Step(tokens))) if first else None,
+                )
         except Exception as exc:
             usable = reduce is None or reduce.calls == entered  # no peer waits on us in a collective
             conn.send(_failed(exc, usable=usable))
             if not usable:
                 sys.exit(1)
             continue
-        conn.send(Done(_summary(result) if first else None))
+        steps = profiled.steps() if profiled is not None else None
+        conn.send(Done(_summary(result) if first else None, steps))
 
 
 def _failed(exc: Exception, *, usable: bool) -> Failed:

@@ -225,7 +225,7 @@ class Workers:
 
     def _collect(self, on_tokens) -> dict:
         """Messages of one job until every rank is done; step tokens go to on_tokens."""
-        done: dict[int, dict | None] = {}
+        done: dict[int, Done] = {}
         errors: dict[int, Failed] = {}
         first_error = None
         callback_error = None
@@ -241,7 +241,7 @@ class Workers:
                     except Exception as exc:  # keep reading the job's messages, then re-raise
                         callback_error = exc
                 elif isinstance(message, Done):
-                    done[rank] = message.summary
+                    done[rank] = message
                 elif isinstance(message, Failed):
                     errors[rank] = message
                     first_error = first_error or time.monotonic()
@@ -254,7 +254,8 @@ class Workers:
             raise _error(errors[rank])
         if callback_error is not None:
             raise callback_error
-        return done[0]
+        steps = {rank: message.steps for rank, message in sorted(done.items()) if message.steps is not None}
+        return {**done[0].summary, "rank_steps": steps}
 
     # --- messages and failures --------------------------------------------------------------------
 
