@@ -15,7 +15,19 @@ import tokenize
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "perfkit"
-LEAVES = {"errors", "paths", "files", "units", "phases", "stats", "sketch", "samples", "endpoints", "engineoptions"}
+LEAVES = {
+    "errors",
+    "paths",
+    "files",
+    "units",
+    "phases",
+    "stats",
+    "sketch",
+    "samples",
+    "endpoints",
+    "engineoptions",
+    "prometheus",
+}
 ALLOWED = {
     "leaf": {"leaf"},
     "probe": {"leaf", "probe"},

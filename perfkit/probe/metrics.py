@@ -29,91 +29,21 @@ server exports changed) has no difference to offer: `Restarted`, a UserError nam
 from __future__ import annotations
 
 import math
-import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from perfkit import units
+from perfkit import prometheus, units
 from perfkit.errors import UserError
+from perfkit.prometheus import Snapshot, metrics_url, scrape
 
 __all__ = ["Histogram", "MetricsWindow", "Restarted", "Snapshot", "metrics_window", "record_metrics", "scrape"]
 
-TIMEOUT_S = 10.0
-START_TIME = ("process_start_time_seconds",)  # what a server exports as its own start (prometheus_client's)
-Labels = tuple[tuple[str, str], ...]
+TIMEOUT_S = prometheus.TIMEOUT_S
+Labels = prometheus.Labels
 
 
 class Restarted(UserError):
     """The server restarted inside the window: its counters started again."""
-
-
-def _parser():
-    try:
-        from prometheus_client.parser import text_string_to_metric_families
-    except ImportError:
-        raise UserError("reading a server's /metrics needs prometheus_client: pip install 'perfkit[serve]'") from None
-    return text_string_to_metric_families
-
-
-def _labels(labels: dict[str, str], drop: str = "") -> Labels:
-    return tuple(sorted((k, v) for k, v in labels.items() if k != drop))
-
-
-def _url(target: Any) -> str:
-    """The /metrics URL of a server URL, a /metrics URL, or an object with `.url` (a started Server)."""
-    url = str(getattr(target, "url", target) or "").rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise UserError(f"metrics_window: expected a server's URL (http://host:port), got {target!r}")
-    return url if url.endswith("/metrics") else f"{url}/metrics"
-
-
-@dataclass
-class Snapshot:
-    """One reading of `/metrics`: each sample's value by (family, sample name, labels), each family's type."""
-
-    url: str
-    at: float
-    types: dict[str, str] = field(default_factory=dict)
-    values: dict[tuple[str, str, Labels], float] = field(default_factory=dict)
-
-    def start_time(self) -> float | None:
-        """When the server says it started (`process_start_time_seconds`), None when it does not say."""
-        for (family, _name, _labels), value in self.values.items():
-            if family in START_TIME:
-                return value
-        return None
-
-
-def parse(text: str, url: str = "", at: float | None = None) -> Snapshot:
-    """A Snapshot of metrics text (what `scrape` reads; here for text already at hand)."""
-    snap = Snapshot(url, time.time() if at is None else at)
-    try:
-        for family in _parser()(text):
-            snap.types[family.name] = family.type
-            for sample in family.samples:
-                if sample.name.endswith("_created"):  # a creation time, not an amount
-                    continue
-                snap.values[(family.name, sample.name, _labels(sample.labels))] = float(sample.value)
-    except ValueError as exc:
-        raise UserError(f"{url or 'the metrics text'} is not Prometheus text: {exc}") from None
-    return snap
-
-
-def scrape(target: Any, *, timeout: float = TIMEOUT_S) -> Snapshot:
-    """Read a server's `/metrics` now (a URL or a started Server)."""
-    url = _url(target)
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read(2000)
-    except (urllib.error.URLError, OSError) as exc:
-        raise UserError(f"no metrics at {url}: {getattr(exc, 'reason', exc)}") from None
-    if status != 200:
-        raise UserError(f"{url} answered {status}: {raw[:200].decode('utf-8', 'replace')!r}")
-    return parse(raw.decode("utf-8", "replace"), url)
 
 
 @dataclass(frozen=True)
@@ -157,7 +87,7 @@ class MetricsWindow:
     """What a server's metrics gained while the block ran (see the module's docstring)."""
 
     def __init__(self, target: Any, *, timeout: float = TIMEOUT_S) -> None:
-        self.url, self.timeout = _url(target), timeout
+        self.url, self.timeout = metrics_url(target), timeout
         self.before: Snapshot | None = None
         self.after: Snapshot | None = None
 
@@ -234,7 +164,7 @@ class MetricsWindow:
                 continue
             grown = value - before.values.get((fam, name, labels), 0.0)
             le = dict(labels).get("le")
-            kept = _labels(dict(labels), "le")
+            kept = prometheus.labels_without(labels, "le")
             if by is not None:
                 kept = tuple((k, v) for k, v in kept if k == by)
             part = parts.setdefault(kept, {"buckets": {}, "count": 0.0, "sum": 0.0})

@@ -162,7 +162,7 @@ def render(all_results: list[RunResults]) -> str:
         count = f"; {'/'.join(map(str, threads))} CPU thread{'s' if threads != [1] else ''}" if threads else ""
         if any(x.cpus for r in run.hypotheses for x in r.executions):
             count += ", each replicate on CPUs of its own"
-        servers = sorted({served.describe(x.server) for r in run.hypotheses for x in r.executions if x.server})
+        servers = sorted({served.measured_by(x.server) for r in run.hypotheses for x in r.executions if x.server})
         if servers:
             count += "; served by " + "; ".join(servers)
         lines.append("- " + cell(f"{run_id}: {run.created}, {run_words(run)}; {machine}{count}"))

@@ -28,6 +28,9 @@ Format history (`format_version`), the same numbers for both files:
      not said, one machine of the run); a result's `measured` says over how many `machines` its interval
      was taken and their own spread (`between_machines`, a share of the value; null: one machine), and
      `per_machine` holds each machine's own measurement when there were several.
+  11: an execution that drove a server the run did not start says which process of it it measured, read
+     before and after its window of requests (`server_instance`: `before`, `after`, each the server's
+     `pid`, rank `pids`, `start_time` where it says them; null: a server the probe started, or not read).
 Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file is refused.
 """
 
@@ -148,6 +151,13 @@ def _9_to_10(old: dict) -> dict:
     return old
 
 
+def _10_to_11(old: dict) -> dict:
+    """Earlier windows on a running server did not say which of its processes they measured (null)."""
+    for x in _executions_in(old):
+        x.setdefault("server_instance", None)
+    return old
+
+
 UPGRADES: dict[int, Callable[[dict], dict]] = {
     1: _1_to_2,
     2: _2_to_3,
@@ -158,4 +168,5 @@ UPGRADES: dict[int, Callable[[dict], dict]] = {
     7: _7_to_8,
     8: _8_to_9,
     9: _9_to_10,
+    10: _10_to_11,
 }

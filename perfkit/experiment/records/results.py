@@ -35,7 +35,7 @@ from perfkit.files import VERSION_KEY, Reader, dumps, encode_number, read_json, 
 from perfkit.paths import Project
 from perfkit.samples import MetricRecord
 
-FORMAT_VERSION = 10
+FORMAT_VERSION = 11
 VERDICTS = ("confirmed", "refuted", "inconclusive", "error")
 PLANNED = "planned"
 STATUSES = (PLANNED, "ok", "error", "timeout", "crashed")
@@ -106,6 +106,7 @@ class Execution:
     setup_s: float | None = None  # from its launch to its first recording cell: kernel, imports, engine, server
     warm: bool | None = None  # forked from its round's template (experiment/warm.py); False: a fresh process
     machine: dict[str, Any] | None = None  # where it ran: `id` (stable across runs), `host`, `cpu`, `gpus`
+    server_instance: dict[str, Any] | None = None  # a running server's process at the window's edges (run/windows.py)
 
     def label(self) -> str:
         shown = " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
@@ -146,6 +147,7 @@ class Execution:
             setup_s=r.number("setup_s", optional=True),
             warm=r.get("warm", bool, optional=True),
             machine=_machine(r),
+            server_instance=r.get("server_instance", dict, optional=True),
         )
 
     @property

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfkit import endpoints
+from perfkit import endpoints, prometheus
+from perfkit.errors import UserError
 
 SERVER_PARAM = "server_url"  # the probe parameter naming the server; empty: the probe starts its own
 STARTED = {"started_by_probe": True}  # the identity of a server each replicate starts itself
@@ -33,6 +34,32 @@ def identity(url: str, *, timeout: float = TIMEOUT_S) -> dict[str, Any]:
         return {"url": url, "unreachable": str(exc)}
     engine = {k: v for k, v in sorted(found["engine"].items()) if k not in VOLATILE}
     return {"url": url, "model": found["model"], "root": found["root"], **({"engine": engine} if engine else {})}
+
+
+def instance(url: str, *, timeout: float = TIMEOUT_S) -> dict[str, Any]:
+    """Which process of the server at `url` answers now: its identity (as `identity`), and what it says of
+    its process: `pid` and rank `pids` (`perfkit engine serve`'s GET /v1/models) and `start_time`
+    (`process_start_time_seconds` in GET /metrics, as vLLM and prometheus_client export); a field it
+    does not say is left out, and `unreachable` says why nothing answered."""
+    url = url.rstrip("/")
+    try:
+        found = endpoints.identity(url, timeout=timeout)
+    except endpoints.Unreachable as exc:
+        return {"unreachable": str(exc)}
+    engine = found["engine"]
+    out: dict[str, Any] = {"model": found["model"]}
+    out["engine"] = {k: v for k, v in sorted(engine.items()) if k not in VOLATILE}
+    if isinstance(engine.get("server_pid"), int):
+        out["pid"] = engine["server_pid"]
+    if isinstance(engine.get("pids"), list):
+        out["pids"] = engine["pids"]
+    try:
+        start = prometheus.scrape(url, timeout=timeout).start_time()
+    except UserError:  # no /metrics, or no prometheus_client here: the start time is not known
+        start = None
+    if start is not None:
+        out["start_time"] = start
+    return out
 
 
 def started(chosen: dict[str, Any]) -> dict[str, Any]:
@@ -56,6 +83,15 @@ def describe(server: dict[str, Any] | None) -> str:
         shown += f"{', ' if shown else ''}commit {str(engine['commit'])[:12]}"
     model = server.get("model") or "an unnamed model"
     return f"{model} at {server.get('url')}" + (f" ({shown})" if shown else "")
+
+
+def measured_by(server: dict[str, Any] | None) -> str:
+    """The server in the ledger's "Measured by": its description, and for one the run did not start,
+    what a replicate was (a window of requests on it, not a process: run/windows.py)."""
+    said = describe(server)
+    if said and server and not server.get("started_by_probe") and "unreachable" not in server:
+        said += ", each replicate a window of requests on that running server"
+    return said
 
 
 def change(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:

@@ -16,6 +16,7 @@ from perfkit.experiment.run.plan import Plan
 from perfkit.experiment.run.priors import FirstRound
 from perfkit.experiment.run.rundir import RunDir
 from perfkit.experiment.run.why import Now
+from perfkit.experiment.run.windows import Windows
 from perfkit.machine import fitness
 from perfkit.paths import Project
 
@@ -65,3 +66,4 @@ class RunContext:
     left_out: dict[str, str] = field(default_factory=dict)  # hypothesis id -> why the budget left it unmeasured
     first: FirstRound | None = None  # the first round as planned: what it left out, and its forecast
     looked: dict[str, list[int]] = field(default_factory=dict)  # hypothesis id -> its replicates at each look
+    windows: Windows = field(default_factory=Windows)  # replicates on servers the run did not start

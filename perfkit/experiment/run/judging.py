@@ -19,7 +19,7 @@ from perfkit.experiment.records import compare
 from perfkit.experiment.records.hypothesis import Hypothesis
 from perfkit.experiment.records.results import Execution, HypothesisResult, MetricSummary
 from perfkit.experiment.records.verdict import UNFIT_REASON, Inconclusive, Judgement, Point, Verdict
-from perfkit.experiment.run import machines
+from perfkit.experiment.run import machines, windows
 from perfkit.samples import MetricRecord
 
 
@@ -124,6 +124,9 @@ def _verdict(hypothesis: Hypothesis, evidence: Evidence, confidence: float) -> J
         return Judgement(verdict=Verdict.INCONCLUSIVE, reason=evidence.unfit, expected=expect.expected())
     if evidence.problem:
         return Judgement(verdict=Verdict.ERROR, reason=evidence.problem, expected=expect.expected())
+    two_servers, on_servers = windows.judged(list(evidence.executions))
+    if two_servers:
+        return Judgement(verdict=Verdict.INCONCLUSIVE, reason=two_servers, expected=expect.expected())
     found = machines.machines_of(evidence.executions)
     every = hypothesis.machines == "every" and len(found) > 1
     try:
@@ -138,8 +141,9 @@ def _verdict(hypothesis: Hypothesis, evidence: Evidence, confidence: float) -> J
         return Judgement(verdict=Verdict.ERROR, reason=f"cannot compare: {exc}", expected=expect.expected())
     if len(found) > 1:
         judgement = machines.over_machines(judgement, per_machine, every)
-    if evidence.left_out:
-        judgement = replace(judgement, warnings=(evidence.left_out, *judgement.warnings))
+    said = ([evidence.left_out] if evidence.left_out else []) + on_servers
+    if said:
+        judgement = replace(judgement, warnings=(*said, *judgement.warnings))
     return _finite(judgement)
 
 

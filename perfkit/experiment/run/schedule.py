@@ -127,8 +127,10 @@ def _on_slot(ctx: RunContext, planned: Execution, kernels: Kernels, cpus: tuple[
     )
     wait = f", after waiting {waited:.0f} s for free cores" if waited >= 1 else ""
     ctx.say(f"{tag} start    {label(planned)}  ({threads} threads on CPU {fitness.cpu_list(cpus)}{wait})")
-    with heartbeat(ctx, tag, planned, exec_dir):
+    with ctx.windows.window(planned) as instance, heartbeat(ctx, tag, planned, exec_dir):
         ended = executor.measure(job)
+    if instance is not None:  # a window on a server the run did not start: which process it measured
+        ended = replace(ended, execution=replace(ended.execution, server_instance=instance))
     return finish(exec_dir, ended, tag=tag, ctx=ctx)
 
 

@@ -1,0 +1,135 @@
+"""Replicates on a server the run did not start: windows of requests on one running process.
+
+A probe given a `server_url` drives a server that outlives its replicates. Each replicate is then a
+window of requests on that server's process, not a process of its own, and the run treats it so:
+
+- one window at a time on each server: two at once would each measure the other's load;
+- a cool-down (`COOLDOWN_S`) after a window before the next opens on the same server, so the queue,
+  the batcher and the server's background work from one window settle before the next; the windows
+  of all probes already come in the round's shuffled order;
+- the server's process is read at each window's edges (`served.instance`: its model and engine, the
+  pid and rank pids `perfkit engine serve` gives, the `process_start_time_seconds` vLLM and
+  prometheus_client export) and kept with the replicate (`server_instance`).
+
+Judging reads those readings back (`judged`): windows of one process share its state (its caches,
+allocator, compiled graphs, whatever earlier requests left), so their spread is not a process-to-
+process spread, and the verdict says so; a restart between or inside windows is named; a server
+whose model or engine changed between windows measured two servers, and the verdict is inconclusive.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from perfkit.experiment.records import served
+from perfkit.experiment.records.results import Execution
+
+__all__ = ["COOLDOWN_S", "Windows", "judged"]
+
+COOLDOWN_S = 2.0
+
+
+def url_of(planned: Execution) -> str | None:
+    """The URL of the running server an execution drives, None when it drives none or starts its own."""
+    server = planned.server or {}
+    return None if server.get("started_by_probe") or not server.get("url") else str(server["url"])
+
+
+class Windows:
+    """The run's windows on running servers: one at a time per server, cooled down, read at the edges."""
+
+    def __init__(self, cooldown_s: float = COOLDOWN_S, read=served.instance) -> None:
+        self.cooldown_s, self._read = cooldown_s, read
+        self._lock = threading.Lock()
+        self._servers: dict[str, threading.Lock] = {}
+        self._ended: dict[str, float] = {}
+
+    @contextmanager
+    def window(self, planned: Execution, say=None) -> Iterator[dict[str, Any] | None]:
+        """Around one replicate: yields the dict its `server_instance` is (filled at both edges), or None
+        when it drives no running server."""
+        url = url_of(planned)
+        if url is None:
+            yield None
+            return
+        with self._lock:
+            one_at_a_time = self._servers.setdefault(url, threading.Lock())
+        with one_at_a_time:
+            rest = self._ended.get(url, -float("inf")) + self.cooldown_s - time.monotonic()
+            if rest > 0:
+                time.sleep(rest)
+            reading = {"before": self._read(url)}
+            try:
+                yield reading
+            finally:
+                reading["after"] = self._read(url)
+                self._ended[url] = time.monotonic()
+
+
+def _process(reading: dict[str, Any]) -> tuple | None:
+    """What tells one process of a server from another: its start time, else its pids; None when it says neither."""
+    if "start_time" in reading:
+        return ("started", reading["start_time"])
+    if "pid" in reading:
+        return ("pid", reading["pid"], tuple(reading.get("pids") or ()))
+    return None
+
+
+def _who(reading: dict[str, Any]) -> tuple:
+    """What a server is (its model and engine), not which process of it answers."""
+    return reading.get("model"), repr(reading.get("engine"))
+
+
+def _said(process: tuple) -> str:
+    if process[0] == "started":
+        return f"started at {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(process[1]))} UTC"
+    return f"pid {process[1]}"
+
+
+def judged(executions: list[Execution]) -> tuple[str | None, list[str]]:
+    """(why the verdict cannot stand, warnings) for replicates that were windows on running servers."""
+    by_url: dict[str, list[Execution]] = {}
+    for x in executions:
+        url = url_of(x)
+        if url is not None and x.server_instance:
+            by_url.setdefault(url, []).append(x)
+    problem, warnings = None, []
+    for url, windows in sorted(by_url.items()):
+        windows.sort(key=lambda x: x.replicate)
+        edges = [(x.replicate, x.server_instance.get(side) or {}) for x in windows for side in ("before", "after")]
+        dead = [(r, e["unreachable"]) for r, e in edges if "unreachable" in e]
+        seen = [(r, e) for r, e in edges if "unreachable" not in e]
+        first = seen[0][1] if seen else {}
+        other = next((e for _, e in seen if _who(e) != _who(first)), None)
+        if other is not None:
+            change = served.change({"url": url, **first}, {"url": url, **other})
+            problem = f"the server at {url} changed between its windows ({change}): the replicates measured two servers"
+        if dead:
+            warnings.append(f"the server at {url} did not answer at the edge of replicate {dead[0][0]}: {dead[0][1]}")
+        processes = [(r, _process(e)) for r, e in seen]
+        if any(p is None for _, p in processes):
+            warnings.append(
+                f"the {len(windows)} replicates are windows of requests on the running server at {url}; it says "
+                "neither its start time (process_start_time_seconds in /metrics) nor its pids, so a restart between "
+                "windows cannot be told"
+            )
+            continue
+        distinct = list(dict.fromkeys(p for _, p in processes))
+        if len(distinct) == 1:
+            warnings.append(
+                f"the {len(windows)} replicates are windows of requests on one process of the server at {url} "
+                f"({_said(distinct[0])}), not processes of their own: they share its state (caches, allocator, "
+                "compiled graphs, what earlier requests left), so their spread is not a process-to-process spread"
+            )
+            continue
+        restarts = []
+        for (r0, p0), (r1, p1) in zip(processes, processes[1:]):
+            if p0 != p1:
+                where = f"inside replicate {r1}" if r0 == r1 else f"between replicates {r0} and {r1}"
+                restarts.append(f"{where} ({_said(p0)} -> {_said(p1)})")
+        warnings.append(f"the server at {url} restarted " + "; ".join(restarts))
+    return problem, warnings
