@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH_INDEX ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: run test lint format lab kernel bench validate ledger clean-venv
+.PHONY: run test lint format lab kernel bench validate ledger clean-venv thirdparty test-thirdparty
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,12 +33,12 @@ test: $(STAMP) lint  ## lint, then the test suite, in a shuffled order
 	$(BIN)/python -m pytest -q --random-order-bucket=module --random-order-seed=$(TEST_SEED)
 
 lint: $(STAMP)  ## ruff: formatting and lint rules (pyproject.toml); `make format` applies the formatting
-	$(BIN)/ruff format --check --quiet perfkit tests
-	$(BIN)/ruff check --quiet perfkit tests
+	$(BIN)/ruff format --check --quiet perfkit tests tests_thirdparty
+	$(BIN)/ruff check --quiet perfkit tests tests_thirdparty
 
 format: $(STAMP)
-	$(BIN)/ruff format --quiet perfkit tests
-	$(BIN)/ruff check --quiet --fix perfkit tests
+	$(BIN)/ruff format --quiet perfkit tests tests_thirdparty
+	$(BIN)/ruff check --quiet --fix perfkit tests tests_thirdparty
 
 lab: $(STAMP)  ## JupyterLab on notebooks/ (works as root too, as in containers)
 	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/
@@ -57,3 +57,35 @@ ledger: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# A server perfkit did not write, for tests_thirdparty/ (`make test` does not collect them): llama.cpp's own
+# llama-server (`--metrics`: Prometheus text on /metrics), built from the llama.cpp that the llama-cpp-python
+# sdist vendors, offline, CPU only, for any x86-64 with AVX/FMA/F16C (no -march=native: AVX2 off), in a venv of
+# its own that also holds what the tests' tiny model is made with (gguf, tokenizers).
+TP_VENV := .venv-thirdparty
+TP_BIN := $(abspath $(TP_VENV))/bin
+LLAMA_CPP_PYTHON := 0.3.36
+LLAMA_SERVER := $(TP_VENV)/bin/llama-server
+LLAMA_SRC := $(TP_VENV)/src/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
+LLAMA_CMAKE_FLAGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+	-DGGML_NATIVE=OFF -DGGML_AVX2=OFF -DGGML_BMI2=OFF -DGGML_CUDA=OFF \
+	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_SERVER=ON \
+	-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF
+
+$(LLAMA_SERVER):
+	test -x $(TP_VENV)/bin/python || $(PY) -m venv $(TP_VENV)
+	$(TP_VENV)/bin/python -m pip install --quiet gguf==0.19.0 tokenizers==0.23.3
+	command -v cmake >/dev/null || $(TP_VENV)/bin/python -m pip install --quiet cmake
+	command -v ninja >/dev/null || $(TP_VENV)/bin/python -m pip install --quiet ninja
+	test -d $(LLAMA_SRC) || { $(TP_VENV)/bin/python -m pip download --quiet --no-deps --no-binary llama-cpp-python \
+		-d $(TP_VENV)/src llama-cpp-python==$(LLAMA_CPP_PYTHON) && \
+		tar -xzf $(TP_VENV)/src/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(TP_VENV)/src; }
+	PATH="$(TP_BIN):$$PATH" cmake -S $(LLAMA_SRC) -B $(TP_VENV)/build -G Ninja $(LLAMA_CMAKE_FLAGS) >$(TP_VENV)/configure.log
+	PATH="$(TP_BIN):$$PATH" cmake --build $(TP_VENV)/build --target llama-server -j2 >$(TP_VENV)/build.log
+	cp $(TP_VENV)/build/bin/llama-server $@
+
+thirdparty: $(LLAMA_SERVER)  ## build llama.cpp's llama-server into .venv-thirdparty/ (10 min of CPU: 17 min on 2 busy cores)
+
+test-thirdparty: $(STAMP) $(LLAMA_SERVER)  ## tests_thirdparty/: perfkit.serving against llama-server and a tiny model
+	PERFKIT_LLAMA_SERVER=$(abspath $(LLAMA_SERVER)) PERFKIT_THIRDPARTY_PYTHON=$(TP_BIN)/python \
+		$(BIN)/python -m pytest -q tests_thirdparty

@@ -18,9 +18,10 @@ What counts, defined here once (`ttft`, `tpot`, `itl`, `e2e_latency`, `output_th
   sends several tokens in one chunk; a gap per chunk would be a gap per verify step, not per token).
   Tokens per chunk come from the running `usage.completion_tokens` a server sends in every chunk
   when asked (`stream_options.continuous_usage_stats`, vLLM's name); from a server that does not,
-  the final `usage.completion_tokens` is split over the text chunks in proportion to their UTF-8
-  bytes, exact for a byte vocabulary like the bundled engine's (`token_source` says which). With
-  neither, `itl` is not recorded: a gap per chunk is never passed off as a gap per token.
+  the final `usage.completion_tokens`: as many as there are text chunks is one token each (exact on
+  any vocabulary, llama.cpp's llama-server), more is split over the text chunks in proportion to
+  their UTF-8 bytes, exact for a byte vocabulary like the bundled engine's (`token_source` says
+  which). With neither, `itl` is not recorded: a gap per chunk is never passed off as a gap per token.
 - `output_tokens`: the server's `usage.completion_tokens` (`chunks` is the text chunk count);
   `prompt_tokens`: the server's `usage.prompt_tokens`, checked against the tokens meant.
 - `tpot` = (e2e_latency - ttft) / (output_tokens - 1); `decode_tok_s` = its inverse;
@@ -100,7 +101,7 @@ class RequestResult:
     chunks: int  # text chunks
     frames: int  # data: frames, [DONE] excluded
     chunk_tokens: tuple[int, ...]  # tokens each text chunk carried
-    token_source: str  # where chunk_tokens come from: "usage" (per chunk), "bytes" (split by size), "" (unknown)
+    token_source: str  # where chunk_tokens come from: "usage" (per chunk), "chunks" (one each), "bytes" (by size), ""
     start: float  # just before the POST, in seconds since the measured requests began
     end: float
     ttft: float | None

@@ -55,18 +55,30 @@ class Target:
 
 
 async def tokenize(session, target: Target, prompt: str) -> int | None:
-    """The server's count of `prompt`'s tokens through `POST /tokenize`, None when it has no such route."""
+    """The server's count of `prompt`'s tokens through `POST /tokenize`, None when it has no such route.
+
+    Asked in vLLM's form (`{"model", "prompt"}`, special tokens counted as a completion counts them); a
+    server that counts no token of a non-empty prompt so is asked again in llama.cpp's form
+    (`{"content", "add_special": true}`): llama-server answers `{"tokens": []}` to a body without "content".
+    """
+    count = await _tokenize(session, target, {"model": target.model, "prompt": prompt})
+    if count == 0 and prompt:
+        count = await _tokenize(session, target, {"content": prompt, "add_special": True})
+    return count
+
+
+async def _tokenize(session, target: Target, body: dict[str, Any]) -> int | None:
     try:
-        async with session.post(f"{target.url}/tokenize", json={"model": target.model, "prompt": prompt}) as response:
+        async with session.post(f"{target.url}/tokenize", json=body) as response:
             if response.status != 200:
                 return None
-            body = await response.json(content_type=None)
+            answer = await response.json(content_type=None)
     except (load_aiohttp().ClientError, OSError, ValueError):  # the requests themselves will say what is wrong
         return None
-    if isinstance(body, dict) and isinstance(body.get("count"), int):
-        return body["count"]
-    if isinstance(body, dict) and isinstance(body.get("tokens"), list):
-        return len(body["tokens"])
+    if isinstance(answer, dict) and isinstance(answer.get("count"), int):
+        return answer["count"]
+    if isinstance(answer, dict) and isinstance(answer.get("tokens"), list):
+        return len(answer["tokens"])
     return None
 
 
@@ -173,13 +185,21 @@ class Stream:
 
 
 def chunk_tokens(stream: Stream, output_tokens: int | None) -> tuple[list[int], str]:
-    """Tokens each text chunk carried and where the counts come from ("usage", "bytes" or "")."""
+    """Tokens each text chunk carried and where the counts come from ("usage", "chunks", "bytes" or "").
+
+    "usage": the running counts the chunks carried. Without them, the final count: as many tokens as
+    text chunks is one each ("chunks", exact on any vocabulary: a text chunk carries at least one
+    token; llama.cpp's llama-server streams so); more is split by the chunks' UTF-8 bytes ("bytes",
+    exact only for a byte vocabulary).
+    """
     running = [r for _, _, r in stream.chunks]
     if running and all(r is not None for r in running):
         return [b - a for a, b in zip([0, *running], running)], "usage"
     sizes = [b for _, b, _ in stream.chunks]
     if not sizes or output_tokens is None or output_tokens < len(sizes):
         return [1] * len(sizes), ""
+    if output_tokens == len(sizes):
+        return [1] * len(sizes), "chunks"
     # the largest-remainder split of output_tokens over the chunks by their bytes: the counts sum exactly
     shares = [output_tokens * b / sum(sizes) for b in sizes]
     counts = [int(x) for x in shares]
