@@ -10,6 +10,7 @@ process, as in SGLang's bench_serving and vLLM's benchmark (`--request-rate`).
 from __future__ import annotations
 
 import random
+import zlib
 
 from perfkit.errors import UserError
 
@@ -46,11 +47,13 @@ def _ascii(text: str | bytes) -> bytes:
 def make_prompts(n: int, context: int, *, seed: int = 0, text: str | bytes | None = None, tag: str = "") -> list[str]:
     """`n` ASCII prompts of exactly `context` bytes (tokens, on a byte-vocabulary engine), no two alike.
 
-    Each starts with `tag` and its own index, so no prompt is a prefix of another and a prefix cache
-    can never serve one from another; the rest is cut from `text` (any characters outside printable
-    ASCII become "?", one byte each) or, without it, seeded Python-like words.
+    Each starts with characters of its own (a hash of `tag` and its index, then the index), so no
+    prompt is a prefix of another and a prefix cache shares no more than a first character or token
+    between two of them (a run-wide tag in front would be a prefix every request shares: llama.cpp's
+    cache reused it); the rest is cut from `text` (any characters outside printable ASCII become "?",
+    one byte each) or, without it, seeded Python-like words.
     """
-    head = [f"{tag}{i}|" for i in range(n)]
+    head = [f"{zlib.crc32(f'{tag}|{i}'.encode()):08x}{i}|" for i in range(n)]
     if context < max((len(h) for h in head), default=0) + 1:
         raise UserError(f"serving: context {context} is too short for a unique prefix per request; use at least 16")
     source = _ascii(text) if text is not None else None
