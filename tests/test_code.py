@@ -80,6 +80,9 @@ def test_a_run_names_the_files_that_changed(repo):
     older = before | {"packages": before["packages"] | {"numpy": "2.1.0"}}
     said = code.changes(repo, older, code.state(repo))
     assert [x for x in said if x.startswith("numpy")] == [f"numpy 2.1.0 -> {code.state(repo).packages['numpy']}"]
+    (repo.root / "ownlib" / "drafter.safetensors").write_bytes(b"\x00" * 64)  # new weights: named first, all of them
+    said = code.changes(repo, before, code.state(repo))
+    assert said[0] == "the weights changed: ownlib/drafter.safetensors" and said[1].endswith("and 3 more changed")
 
 
 def test_configured_paths_and_packages_narrow_what_counts(repo):

@@ -29,6 +29,7 @@ from perfkit.paths import Project, git, git_try
 
 EXCLUDED = ("runs", "hypotheses")  # the project's own evidence and records: never the code under test
 SHOWN_FILES = 3  # changed files named in a reason; the rest are counted
+WEIGHTS = (".safetensors", ".gguf", ".pt", ".pth", ".ckpt", ".onnx", ".npz")  # model weights: always named
 
 
 @dataclass(frozen=True)
@@ -219,12 +220,16 @@ def changes(project: Project, before: dict[str, Any], now: CodeState) -> list[st
     files = None
     if before.get("tree") and now.tree and before.get("tree") != now.tree:
         files = _tree_changes(project, before["tree"], now.tree, sorted(now.parts))
+    weights = [f for f in files or () if f.endswith(WEIGHTS)]
+    if weights:  # new weights change what a model does, whatever else changed: said first, each named
+        said.append(f"the weights changed: {', '.join(weights)}")
+    files = [f for f in files if f not in weights] if files else files
     if files:
         shown = ", ".join(files[:SHOWN_FILES]) + (
             f" and {len(files) - SHOWN_FILES} more" if len(files) > SHOWN_FILES else ""
         )
         said.append(f"{shown} changed")
-    elif before.get("parts") != now.parts or (files is None and before.get("tree") != now.tree):
+    elif not weights and (before.get("parts") != now.parts or (files is None and before.get("tree") != now.tree)):
         said.append(f"the code under test changed ({now.how})")
     old, new = before.get("packages") or {}, now.packages
     for name in sorted(set(old) | set(new)):
