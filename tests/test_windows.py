@@ -76,9 +76,12 @@ def test_a_run_on_a_running_server_measures_windows_of_one_process_and_says_so(t
     assert "each replicate a window of requests on that running server" in project.ledger_path.read_text()
 
 
-def _at(replicate: int, before: dict, after: dict | None = None, url: str = "http://s:1"):
+def _at(replicate: int, before: dict, after: dict | None = None, *, at: float | None = None, url: str = "http://s:1"):
+    """Replicate `replicate`'s window, read at time `at` (its replicate index when None) and 0.5 s later."""
     server = {"url": url, "model": "m", "engine": {"tp": 2}}
-    return execution(replicate=replicate, server=server, server_instance={"before": before, "after": after or before})
+    t = float(replicate if at is None else at)
+    instance = {"before": {**before, "at": t}, "after": {**(after or before), "at": t + 0.5}}
+    return execution(replicate=replicate, server=server, server_instance=instance)
 
 
 ONE = {"model": "m", "engine": {"tp": 2}, "start_time": 1000.0, "pid": 7}
@@ -94,6 +97,12 @@ def test_a_restart_between_or_inside_windows_is_named_with_where_it_happened():
     ]
     _, said = windows.judged([_at(0, ONE), _at(1, ONE, AGAIN)])
     assert "restarted inside replicate 1" in said[0]
+    _, said = windows.judged([_at(2, ONE, at=0), _at(0, AGAIN, at=1), _at(1, AGAIN, at=2)])  # run shuffled: 2, 0, 1
+    assert said[0].startswith(
+        "the server at http://s:1 restarted between replicates 2 and 0 (started at 1970-01-01 00:16"
+    )
+    no_start = {k: v for k, v in ONE.items() if k != "start_time"}  # one scrape of /metrics failed: the pids tell
+    assert "on one process of the server at http://s:1 (pid 7)" in windows.judged([_at(0, ONE), _at(1, no_start)])[1][0]
     _, said = windows.judged([_at(0, {"model": "m", "engine": {}, "pid": 3}), _at(1, {"model": "m", "engine": {}})])
     assert "neither its start time" in said[0] and "cannot be told" in said[0]  # what it cannot tell it says
 

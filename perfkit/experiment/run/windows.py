@@ -62,20 +62,21 @@ class Windows:
             rest = self._ended.get(url, -float("inf")) + self.cooldown_s - time.monotonic()
             if rest > 0:
                 time.sleep(rest)
-            reading = {"before": self._read(url)}
+            reading = {"before": {**self._read(url), "at": time.time()}}
             try:
                 yield reading
             finally:
-                reading["after"] = self._read(url)
+                reading["after"] = {**self._read(url), "at": time.time()}
                 self._ended[url] = time.monotonic()
 
 
-def _process(reading: dict[str, Any]) -> tuple | None:
-    """What tells one process of a server from another: its start time, else its pids; None when it says neither."""
-    if "start_time" in reading:
-        return ("started", reading["start_time"])
-    if "pid" in reading:
-        return ("pid", reading["pid"], tuple(reading.get("pids") or ()))
+def _processes(readings: list[dict[str, Any]]) -> list[tuple] | None:
+    """What tells one process of a server from another, for every reading alike: the start time when
+    every reading has it, else the pids when every one has them; None when the readings cannot tell."""
+    if all("start_time" in r for r in readings):
+        return [("started", r["start_time"]) for r in readings]
+    if all("pid" in r for r in readings):
+        return [("pid", r["pid"], tuple(r.get("pids") or ())) for r in readings]
     return None
 
 
@@ -99,8 +100,8 @@ def judged(executions: list[Execution]) -> tuple[str | None, list[str]]:
             by_url.setdefault(url, []).append(x)
     problem, warnings = None, []
     for url, windows in sorted(by_url.items()):
-        windows.sort(key=lambda x: x.replicate)
         edges = [(x.replicate, x.server_instance.get(side) or {}) for x in windows for side in ("before", "after")]
+        edges.sort(key=lambda edge: edge[1].get("at", 0.0))  # in the order they were read (replicates run shuffled)
         dead = [(r, e["unreachable"]) for r, e in edges if "unreachable" in e]
         seen = [(r, e) for r, e in edges if "unreachable" not in e]
         first = seen[0][1] if seen else {}
@@ -110,15 +111,16 @@ def judged(executions: list[Execution]) -> tuple[str | None, list[str]]:
             problem = f"the server at {url} changed between its windows ({change}): the replicates measured two servers"
         if dead:
             warnings.append(f"the server at {url} did not answer at the edge of replicate {dead[0][0]}: {dead[0][1]}")
-        processes = [(r, _process(e)) for r, e in seen]
-        if any(p is None for _, p in processes):
+        told = _processes([e for _, e in seen])
+        if told is None:
             warnings.append(
                 f"the {len(windows)} replicates are windows of requests on the running server at {url}; it says "
                 "neither its start time (process_start_time_seconds in /metrics) nor its pids, so a restart between "
                 "windows cannot be told"
             )
             continue
-        distinct = list(dict.fromkeys(p for _, p in processes))
+        processes = list(zip([r for r, _ in seen], told))
+        distinct = list(dict.fromkeys(told))
         if len(distinct) == 1:
             warnings.append(
                 f"the {len(windows)} replicates are windows of requests on one process of the server at {url} "
