@@ -162,10 +162,23 @@ def table(rows: list[tuple[str, int, dict]]) -> str:
 @contextlib.contextmanager
 def targets() -> Iterator[list[Target]]:
     """The servers, each on the first CPU with one thread; this process and the clients it starts then move
-    to the other CPUs, so a client's own work (AIPerf runs several processes) never slows the server."""
+    to the other CPUs, so a client's own work (AIPerf runs several processes) never slows the server.
+
+    Always the bundled `perfkit engine serve`; llama.cpp's llama-server on tinymodel.py's GGUF when
+    PERFKIT_LLAMA_SERVER names the binary and PERFKIT_THIRDPARTY_PYTHON a python with gguf (tinymodel.py
+    runs there, writing the GGUF and its Hugging Face tokenizer folder); vLLM on tinyhf.py's model folder
+    (its tokenizer: the same vocabulary) when .venv-vllm (or PERFKIT_VLLM_PYTHON) has vLLM. `make
+    test-thirdparty` sets all three."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         raise SystemExit("the comparison needs two CPUs: one for the servers, one for the clients")
+    sys.path.insert(0, str(HERE))
+    import llamaserver
+    import vllmserver
+
+    def executable(value: str | None) -> bool:
+        return bool(value) and os.access(str(value), os.X_OK)
+
     with contextlib.ExitStack() as stack:
         stack.callback(os.sched_setaffinity, 0, cpus)  # this process gets its CPUs back at the end
         os.sched_setaffinity(0, cpus[:1])  # what starts now inherits it: the servers
@@ -175,22 +188,24 @@ def targets() -> Iterator[list[Target]]:
         found = [
             Target("perfkit engine serve (tp 1, 1 thread, shipped)", srv.url, "perfkit-shipped", TOKENIZER_DIR, text)
         ]
-        binary = os.environ.get("PERFKIT_LLAMA_SERVER")
-        if binary and os.access(binary, os.X_OK):
-            sys.path.insert(0, str(HERE))
-            import llamaserver
-            import tinymodel
-
+        binary, made_with = os.environ.get("PERFKIT_LLAMA_SERVER"), os.environ.get("PERFKIT_THIRDPARTY_PYTHON")
+        if executable(binary) and executable(made_with):
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="perfkit-tiny-llama-")))
-            model = folder / "tiny.gguf"
-            tinymodel.write(model)
-            tokenizer = tinymodel.write_tokenizer(folder / "tokenizer")
-            llama = stack.enter_context(
-                llamaserver.llama_server(model, "-np", "4")
-            )  # a slot per request at concurrency 4
+            model, tokenizer = folder / "tiny.gguf", folder / "tokenizer"
+            command = [str(made_with), str(HERE / "tinymodel.py"), str(model), "--tokenizer", str(tokenizer)]
+            subprocess.run(command, check=True, capture_output=True, timeout=300)
+            llama = stack.enter_context(llamaserver.llama_server(model, "-np", "4"))  # a slot per request at c 4
             found.append(
                 Target("llama.cpp llama-server (tiny Llama)", llama.url, llamaserver.MODEL_NAME, tokenizer, text)
             )
+        vllm_python = os.environ.get("PERFKIT_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
+        if executable(vllm_python):
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="perfkit-tiny-hf-")))
+            model = vllmserver.write_model(folder / "tiny-hf", Path(vllm_python))
+            # one OpenMP thread bound to the servers' CPU; its API server and engine core inherit the affinity
+            vllm = stack.enter_context(vllmserver.vllm_server(model, cpu=cpus[0], vllm_python=Path(vllm_python)))
+            found.append(Target("vLLM, CPU (tiny Hugging Face Llama)", vllm.url, vllmserver.MODEL_NAME, model, text))
+        os.sched_setaffinity(0, cpus[1:])  # the clients: this process and what it starts from now on
         yield found
 
 

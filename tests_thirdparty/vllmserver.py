@@ -86,13 +86,15 @@ def environment(cpu: int | None = None) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def vllm_server(model: Path, *args: str, cpu: int | None = None) -> Iterator[VllmServer]:
+def vllm_server(
+    model: Path, *args: str, cpu: int | None = None, vllm_python: Path | None = None
+) -> Iterator[VllmServer]:
     """vLLM's OpenAI server on `model` (a Hugging Face folder) on a free loopback port, until `/health`
-    answers 200; `args` are more of its flags."""
+    answers 200; `args` are more of its flags, `vllm_python` the python that has vLLM (default: `python()`)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = model.parent / f"vllm-{port}.log"
-    command = [str(python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    command = [str(vllm_python or python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     command += ["--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port)]
     command += ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS), "--dtype", "float32"]
     command += ["--enforce-eager", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), *args]
