@@ -18,9 +18,11 @@ same names for vLLM (`vllm:time_to_first_token_seconds`, ...), SGLang (`sglang:.
 A quantile from buckets is Prometheus' `histogram_quantile`: the bucket that holds the rank, linearly
 interpolated inside it. Its *resolution* is that bucket: the true quantile of the observations lies
 between the bucket's bounds, and nothing finer can be said, so every quantile comes with them (the
-notes of its samples say which). A claim's bound at one of the buckets' edges is decided rightly:
-the bucket that holds the quantile says which side of the edge it is on. A bound inside a bucket
-is compared with an interpolation, so put it at an edge. The mean is exact (`_sum` / `_count`).
+notes of its samples say which). Against a bound at one of the buckets' edges, each window's
+quantile is on the right side of it (the bucket that holds the quantile says which side); a bound
+inside a bucket is compared with an interpolation, so put it at an edge. A verdict over several
+windows is then the usual interval over their values (one sample a window), no narrower than the
+windows' spread. The mean is exact (`_sum` / `_count`).
 
 A server that restarted inside the window (a counter or a bucket went down, or the start time a
 server exports changed) has no difference to offer: `Restarted`, a UserError naming the metric.
