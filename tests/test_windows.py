@@ -7,6 +7,8 @@ each edge was read."""
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -71,6 +73,9 @@ def test_a_run_on_a_running_server_measures_windows_of_one_process_and_says_so(t
     assert all(i["before"]["pid"] == i["after"]["pid"] == pid for i in instances)
     starts = {i[side]["start_time"] for i in instances for side in ("before", "after")}
     assert len(starts) == 1  # one process, read at four edges
+    for x in h.executions:  # the server's processes were watched as the measurement's own, not foreign load
+        trace = json.loads((project.runs_dir / report.run_id / "executions" / x.id / "utilization.json").read_text())
+        assert pid in trace["tree_pids"] and os.getpid() not in trace["tree_pids"]
     (said,) = [w for w in h.warnings if "windows of requests on one process" in w]
     assert running.url in said and "not processes of their own" in said
     assert "each replicate a window of requests on that running server" in project.ledger_path.read_text()
@@ -114,6 +119,12 @@ def test_a_server_that_changed_between_windows_leaves_the_verdict_inconclusive()
     assert windows.judged([_at(0, ONE), _at(1, ONE)])[0] is None
     started = execution(server={"started_by_probe": True}, server_instance=None)
     assert windows.judged([started]) == (None, [])  # a server each replicate starts is a process of its own
+
+
+def test_a_local_server_is_found_by_its_port_and_a_remote_one_is_not_ours(running):
+    pid = running.identity()["engine"]["server_pid"]
+    assert pid in windows.local_processes(running.url, {})  # found listening on its port, said or not
+    assert windows.local_processes(running.url.replace("127.0.0.1", "gpu-node-7"), {"pid": pid}) == ()
 
 
 def test_windows_on_one_server_never_overlap_and_are_cooled_down_while_others_run_alongside():

@@ -3,7 +3,8 @@
 A step time is easier to believe next to the CPU and GPU load it ran under (another job on the
 cores, a GPU at 30% utilisation, clocks dropping under a power cap). The sampler is a daemon thread
 that wakes every `interval_s` and reads, for the process tree it watches (the runner and the
-notebook kernels it starts), CPU utilisation (% of one core, summed) and resident memory, plus the
+notebook kernels it starts, and a server on this machine that a probe drives: `also`), CPU utilisation
+(% of one core, summed) and resident memory, plus the
 system-wide CPU load, and per NVIDIA GPU through NVML: utilisation, memory used, SM and memory
 clocks and power. It measures its own CPU time, so its overhead is a number in every trace.
 
@@ -41,6 +42,13 @@ def busy_cpu_seconds(before, after) -> tuple[float, float]:
     return total - (idle(after) - idle(before)), total
 
 
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
 class _Tree:
     """CPU time and RSS of a process and its descendants, as deltas between two reads.
 
@@ -53,8 +61,9 @@ class _Tree:
     YOUNG_S = 5.0
     YOUNG_RESCAN_S = 0.2
 
-    def __init__(self, pid: int, *, rescan_s: float = 1.0):
+    def __init__(self, pid: int, *, rescan_s: float = 1.0, also: tuple[int, ...] = ()):
         self.root = psutil.Process(pid)
+        self.also = [p for p in (_process(pid) for pid in also) if p is not None]  # more roots: a driven server
         self.rescan_s = rescan_s
         self.born = time.time()
         self.procs: dict[int, psutil.Process] = {}
@@ -67,10 +76,12 @@ class _Tree:
     def _members(self, now: float) -> list[psutil.Process]:
         if now - self.scanned_at >= (self.rescan_s if now - self.born > self.YOUNG_S else self.YOUNG_RESCAN_S):
             self.scanned_before, self.scanned_at = self.scanned_at, now
-            try:
-                found = [self.root] + self.root.children(recursive=True)
-            except psutil.NoSuchProcess:
-                found = []
+            found = []
+            for root in [self.root, *self.also]:
+                try:
+                    found += [root] + root.children(recursive=True)
+                except psutil.NoSuchProcess:
+                    continue
             for p in found:
                 self.procs.setdefault(p.pid, p)  # keep one Process per pid (it remembers create_time)
             self.procs = {p.pid: self.procs[p.pid] for p in found}
@@ -147,12 +158,14 @@ class Sampler:
         pid: int | None = None,
         rescan_s: float = 1.0,
         cpus: tuple[int, ...] | None = None,
+        also: tuple[int, ...] = (),
     ):
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         self.interval_s = float(interval_s)
         self.rescan_s = float(rescan_s)
         self.pid = os.getpid() if pid is None else pid
+        self.also = tuple(also)  # roots of more processes that are part of the measurement (a driven server)
         self.cpus = tuple(cpus) if cpus else None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -207,7 +220,7 @@ class Sampler:
             "gpu_note": None,
         }
         try:
-            tree = _Tree(self.pid, rescan_s=self.rescan_s)
+            tree = _Tree(self.pid, rescan_s=self.rescan_s, also=self.also)
             machine = _MachineCpu(self.cpus)
             with nvml() as nv:
                 trace["gpu_note"] = nv.note

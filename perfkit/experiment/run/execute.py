@@ -106,6 +106,7 @@ class Job:
     cpus: tuple[int, ...] | None = None  # the CPUs it runs on, its own while others run at once (None: all)
     template: warm_replicates.Template | None = None  # the round's template it forks from (None: a fresh process)
     machine: dict | None = None  # the machine it runs on, as devices.identity() says (None: this one's)
+    server_pids: tuple[int, ...] = ()  # a running server on this machine the probe drives: its load is the subject's
 
 
 @dataclass(frozen=True)
@@ -127,14 +128,16 @@ def measure(job: Job, *, interval_s: float = 0.25) -> Ended:
     """`execute` with the machine's utilization sampled meanwhile: the one wrapper, local or remote.
 
     The sampler watches the execution's own process tree (from its child process down, so executions
-    running at once are not each other's) and the load of the CPUs it is pinned to.
+    running at once are not each other's), a running server's on this machine that it drives (its
+    load is what is measured, not another job's), and the load of the CPUs it is pinned to.
     """
     from perfkit.machine import utilization
 
     samplers: list[utilization.Sampler] = []
 
     def launched(pid: int) -> None:
-        samplers.append(utilization.Sampler(interval_s=interval_s, pid=pid, cpus=job.cpus).start())
+        sampler = utilization.Sampler(interval_s=interval_s, pid=pid, cpus=job.cpus, also=job.server_pids)
+        samplers.append(sampler.start())
 
     try:
         ended = execute(job, launched=launched)

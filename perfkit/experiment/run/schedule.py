@@ -25,7 +25,7 @@ from pathlib import Path
 from perfkit.experiment.records.results import Execution, read_execution, write_execution
 from perfkit.experiment.run import cluster as remote
 from perfkit.experiment.run import execute as executor
-from perfkit.experiment.run import executed, profiling, why
+from perfkit.experiment.run import executed, profiling, why, windows
 from perfkit.experiment.run import warm as warm_replicates
 from perfkit.experiment.run.context import RunContext
 from perfkit.experiment.run.plan import REPLICATE_PARAM
@@ -128,6 +128,8 @@ def _on_slot(ctx: RunContext, planned: Execution, kernels: Kernels, cpus: tuple[
     wait = f", after waiting {waited:.0f} s for free cores" if waited >= 1 else ""
     ctx.say(f"{tag} start    {label(planned)}  ({threads} threads on CPU {fitness.cpu_list(cpus)}{wait})")
     with ctx.windows.window(planned) as instance, heartbeat(ctx, tag, planned, exec_dir):
+        if instance is not None:  # its server's processes on this machine: the subject's load, not a stranger's
+            job = replace(job, server_pids=windows.local_processes(planned.server["url"], instance["before"]))
         ended = executor.measure(job)
     if instance is not None:  # a window on a server the run did not start: which process it measured
         ended = replace(ended, execution=replace(ended.execution, server_instance=instance))

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+import psutil
 
 from perfkit.experiment.records import served
 from perfkit.experiment.records.results import Execution
@@ -37,6 +40,28 @@ def url_of(planned: Execution) -> str | None:
     """The URL of the running server an execution drives, None when it drives none or starts its own."""
     server = planned.server or {}
     return None if server.get("started_by_probe") or not server.get("url") else str(server["url"])
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+
+
+def local_processes(url: str, reading: dict[str, Any]) -> tuple[int, ...]:
+    """The processes of a server on this machine: what listens on the URL's port (when its host is this
+    machine's loopback), and the pids it reports itself; () for a server elsewhere. Their load is the
+    measurement's own, so the fitness check does not count it as another job's."""
+    where = urllib.parse.urlsplit(url)
+    if (where.hostname or "") not in LOOPBACK:
+        return ()
+    port = where.port or (443 if where.scheme == "https" else 80)
+    found = {reading["pid"]} if isinstance(reading.get("pid"), int) else set()
+    found |= {p for p in reading.get("pids") or () if isinstance(p, int)}
+    try:
+        found |= {
+            c.pid for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port and c.pid
+        }
+    except (psutil.AccessDenied, OSError):  # not root on some systems: the reported pids only
+        pass
+    return tuple(sorted(found))
 
 
 class Windows:
