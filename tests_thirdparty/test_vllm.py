@@ -140,8 +140,8 @@ def test_a_hypothesis_on_vllms_own_ttft_is_judged_over_windows_of_one_process(vl
 
     project = _project(tmp_path, vllm.url)
     monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    # the machine's fitness is judged from load outside the probe's process tree, and the server the probe
-    # drives is outside it: every window on a server of this machine would read as a busy machine
+    # the server's own load is the measurement's (run/windows.py watches it with the probe's tree); other work on
+    # this machine (another test's, another session's) is not, and would make the verdict "not fit" here
     monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
     t = time.monotonic()
     options = RunOptions(ids=(HYPOTHESIS["id"],), replicates=2, jobs=1, timeout_s=300)
