@@ -249,3 +249,50 @@ def test_each_request_can_run_inside_its_own_window(scripted):
     assert s.wall_s < sum(r.e2e_latency for r in results) + 0.1  # the windows' edges are not serving time
     with pytest.raises(UserError, match="concurrency must be 1"):
         serving.run(url, context=32, gen=5, concurrency=2, each=window)
+
+
+def test_a_request_on_a_connection_the_server_had_closed_is_sent_again_and_a_dead_server_still_fails():
+    """A server that drops a connection before answering (a keep-alive connection it had closed, as
+    llama.cpp's does after a few requests): the request goes again on a new connection; a server that
+    drops every one is still a failure, said, after the retries."""
+    import socket
+
+    from perfkit.probe import streams
+
+    answer = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+        b'data: {"choices":[{"index":0,"text":"ab","finish_reason":"length"}],'
+        b'"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\ndata: [DONE]\n\n'
+    )
+
+    def serve(listener, drops: int, served: list[int]):
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                served.append(1)
+                if len(served) > drops:
+                    conn.sendall(answer)
+
+    async def one(url: str):
+        client = streams.load_aiohttp()
+        async with client.ClientSession() as session:
+            target = streams.Target(url, "m", False, 2, 10.0, 3)
+            return await streams.request(session, target, "abc")
+
+    for drops, ok in ((1, True), (streams.STALE_RETRIES + 1, False)):
+        listener = socket.create_server(("127.0.0.1", 0))
+        served: list[int] = []
+        thread = threading.Thread(target=serve, args=(listener, drops, served), daemon=True)
+        thread.start()
+        try:
+            stream = asyncio.run(one(f"http://127.0.0.1:{listener.getsockname()[1]}"))
+        finally:
+            listener.close()
+        assert (stream.error is None and stream.done) is ok, stream.error
+        assert len(served) == min(drops + 1, streams.STALE_RETRIES + 1)
+        if not ok:
+            assert "ServerDisconnectedError" in stream.error

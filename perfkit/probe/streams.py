@@ -19,6 +19,9 @@ from perfkit.errors import UserError
 __all__ = ["Stream", "Target", "chunk_tokens", "load_aiohttp", "request", "spread", "tokenize"]
 
 
+STALE_RETRIES = 2  # a request whose pooled connection the server had closed is sent again this many times at most
+
+
 def load_aiohttp():
     """The aiohttp module, or a UserError that says how to install it."""
     try:
@@ -86,30 +89,40 @@ async def request(session, target: Target, prompt: str, *, meter: dict[str, floa
     """One streamed request, read line by line; every outcome ends in the returned Stream, errors included.
 
     With `meter`, the time this client spends on its lines ("handling") and the thread's CPU time are added to it.
+    A request whose pooled connection the server had already closed (llama.cpp's server closes a keep-alive
+    connection after a few requests) fails before any answer: it is sent again on a new connection, up to
+    STALE_RETRIES times, its clock restarted (the server never saw the first attempt).
     """
     client = load_aiohttp()
     stream = Stream(chat=target.chat)
     cpu = time.thread_time()
-    stream.start = time.perf_counter()
-    try:
-        async with session.post(
-            target.endpoint, json=target.body(prompt), timeout=client.ClientTimeout(total=target.timeout)
-        ) as response:
-            if response.status != 200:
-                text = (await response.text(errors="replace"))[:300]
-                stream.fail(f"HTTP {response.status}: {' '.join(text.split())}")
-            else:
-                async for line in response.content:
-                    t = time.perf_counter()
-                    stream.feed(line, t)
-                    if meter is not None:
-                        meter["handling"] += time.perf_counter() - t
-                    if stream.done or stream.error:
-                        break
-    except TimeoutError:
-        stream.fail(f"timed out after {target.timeout:g} s")
-    except (client.ClientError, OSError) as exc:
-        stream.fail(f"{type(exc).__name__}: {exc}")
+    for attempt in range(1 + STALE_RETRIES):
+        stream.start = time.perf_counter()
+        answered = False
+        try:
+            async with session.post(
+                target.endpoint, json=target.body(prompt), timeout=client.ClientTimeout(total=target.timeout)
+            ) as response:
+                answered = True
+                if response.status != 200:
+                    text = (await response.text(errors="replace"))[:300]
+                    stream.fail(f"HTTP {response.status}: {' '.join(text.split())}")
+                else:
+                    async for line in response.content:
+                        t = time.perf_counter()
+                        stream.feed(line, t)
+                        if meter is not None:
+                            meter["handling"] += time.perf_counter() - t
+                        if stream.done or stream.error:
+                            break
+        except TimeoutError:
+            stream.fail(f"timed out after {target.timeout:g} s")
+        except (client.ClientError, OSError) as exc:
+            stale = (client.ServerDisconnectedError, client.ClientOSError)  # before any answer: a closed keep-alive
+            if not answered and attempt < STALE_RETRIES and isinstance(exc, stale):
+                continue  # a pooled connection the server had closed: the request never reached it; again, afresh
+            stream.fail(f"{type(exc).__name__}: {exc}")
+        break
     stream.end = time.perf_counter()
     if not stream.done and not stream.error:
         stream.fail("the stream ended before data: [DONE] (connection dropped?)")
