@@ -228,13 +228,15 @@ def test_random_presets_are_seeded():
     assert a.tokens != c.tokens
 
 
-def test_shipped_weights_accept_several_tokens_losslessly():
-    """Trained weights accept more than one token per step, so acceptance walks, bonus tokens and
-    KV compaction of the accepted path are all exercised; output still equals greedy AR."""
+@pytest.mark.parametrize("kind", ["code", "prose"])
+def test_shipped_weights_accept_several_tokens_losslessly(kind):
+    """Trained weights accept more than one token per step on held-out text of either kind, so
+    acceptance walks, bonus tokens and KV compaction of the accepted path are all exercised;
+    output still equals greedy AR."""
     from perfkit.engine import data
 
     engine = load_engine("shipped")
-    prompts = [p[: 40 + 23 * i] for i, p in enumerate(data.sample_prompts(2, 100))]  # different lengths
+    prompts = [p[: 40 + 23 * i] for i, p in enumerate(data.sample_prompts(2, 100, kind=kind))]  # different lengths
     ar = engine.generate(prompts, max_new_tokens=40, mode="ar")
     for budget in (8, 32):
         for tree in ("heap", "vectorized"):

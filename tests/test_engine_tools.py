@@ -20,8 +20,16 @@ def test_corpus_split_is_disjoint_and_deterministic():
     assert not set(train) & set(held)
     assert (train, held) == data.corpus_files()
     assert all(p.endswith(".py") for p in train + held)
-    assert data.heldout_text() not in data.training_text()
-    assert len(data.training_text()) > 5 * len(data.heldout_text())
+    assert data.heldout_text() == data.heldout_text("code") and data.training_text() == data.training_text("code")
+    for kind in data.KINDS:
+        assert data.heldout_text(kind) not in data.training_text(kind)
+        assert len(data.training_text(kind)) > 4 * len(data.heldout_text(kind)) > 4 * 40_000
+    # prose: sections split by title, so a section that several topics repeat is on one side only
+    train_sections, held_sections = data.prose_sections()
+    assert train_sections and held_sections and not set(train_sections) & set(held_sections)
+    prose = data.training_text("prose")
+    assert not any(text.encode() in prose for text in held_sections.values())
+    assert data.heldout_text("prose").count(b" the ") > 10 * data.heldout_text("prose").count(b"self.")
 
 
 def test_encode_decode_and_prompts():
@@ -32,8 +40,14 @@ def test_encode_decode_and_prompts():
     assert prompts == data.sample_prompts(3, 40)
     assert all(len(p) == 40 for p in prompts)
     assert all(bytes(p) in data.heldout_text() for p in prompts)
+    for kind in data.KINDS:
+        one, other = data.sample_prompts(4, 1024, kind=kind), data.sample_prompts(4, 1024, kind=kind, seed=4)
+        assert all(bytes(p) in data.heldout_text(kind) for p in one + other)
+        assert not {bytes(p) for p in one} & {bytes(p) for p in other}  # a replicate's own prompts (seed + 4 r)
     with pytest.raises(UserError):
         data.sample_prompts(1, 10, source=b"short")
+    with pytest.raises(UserError, match="kind"):
+        data.heldout_text("poetry")
 
 
 def test_weights_roundtrip_without_pickle(tmp_path):
@@ -66,10 +80,20 @@ def test_shipped_weights_are_small_and_documented():
     log = json.loads((checkpoints.CHECKPOINT_DIR / "train_log.json").read_text())
     from perfkit.engine.training import train
 
-    # the shipped log predates `format_version` (format 1 spelled it `format` and `version`)
-    assert log.get("format_version") == train.FORMAT_VERSION or log.get("format") == "perfkit-train-log"
-    assert 0 < log["target"]["heldout"]["accuracy"] < 1
-    assert len(log["drafter"]["heldout"]["slot_accuracy"]) == log["drafter_config"]["block"]
+    assert log["format_version"] == train.FORMAT_VERSION and log["recipe"] == train.RECIPE
+    assert checkpoints.load_weights(files[1])[2] == {"recipe": train.RECIPE}
+    block = log["drafter_config"]["block"]
+    for kind in data.KINDS:
+        assert 0 < log["target"]["heldout"][kind]["accuracy"] < 1
+        held = log["drafter"]["heldout"][kind]
+        assert len(held["slot_accuracy"]) == block
+        # a drafter that drafts like a real one: on held-out text of either kind, the engine's
+        # tokens per step at budget 32 spread over prompts and stay well below the tree's depth
+        accept = held["accept_length"]
+        assert len(set(accept["per_prompt"])) > 1
+        assert 2 < accept["mean"] < block - 0.5
+    prose, code = (log["drafter"]["heldout"][k]["accept_length"]["mean"] for k in ("prose", "code"))
+    assert prose < 6.6  # the published range on chat text (MT-Bench: EAGLE ~3.6-4, DFlash + DDTree 6.6)
     engine = checkpoints.load_engine("shipped")
     assert engine.target_config.to_dict() == log["target_config"]
     assert engine.drafter_config.to_dict() == log["drafter_config"]
