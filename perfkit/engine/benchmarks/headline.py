@@ -1,14 +1,16 @@
 """`perfkit engine benchmarks`: the engine's headline figures, each ratio measured side by side.
 
-1. Accept length of the shipped weights on held-out text, and spec vs AR decode tok/s at ~1k
-   context, batch 1 (AR and spec runs alternate, median of the repeats).
+1. Accept length of the shipped weights on held-out prose (greedy and sampled) and code (greedy),
+   and spec vs AR decode tok/s at ~1k context of prose, batch 1 (AR and spec runs alternate, median
+   of the repeats).
 2. Tree build, vectorized vs heapq, over batch x budget: a new draft each time, the two builders
    alternating, the speedup with its interval (the heap timing includes the copy of the log-probs
    to the host, which the heap path needs).
 3. Verify mask, compact vs naive, over context x batch at 32 tree nodes (prepare_for_verify only).
 Every time is taken by `perfkit.probe.timing.bench`.
 
-Format history (`format_version`) of the record: 1 and 2: keys `format` and `version`; 3: `format_version`.
+Format history (`format_version`) of the record: 1 and 2: keys `format` and `version`; 3: `format_version`;
+4: the accept lengths and the 1k-context prompt are of held-out prose, `heldout_accept_len_code` of code.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from perfkit.probe.timing import bench
 __all__ = ["run_benchmarks", "format_benchmarks", "tree_build_figures", "mask_figures", "spec_figures", "SECTIONS"]
 
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 
 def _median_s(fn, *, quick: bool) -> float:
@@ -42,13 +44,18 @@ def spec_figures(*, quick: bool, device: str = "cpu", budget: int = 32, budgets:
 
     engine = load_engine("shipped", device=device)
     n_prompts, gen = (4, 64) if quick else (16, 128)
-    accept = {t: [] for t in TEMPERATURES}  # greedy, then seeded sampling
-    for p in data.sample_prompts(n_prompts, 256):
+    accept = {t: [] for t in TEMPERATURES}  # on prose: greedy, then seeded sampling
+    for p in data.sample_prompts(n_prompts, 256, kind="prose"):
         for t in TEMPERATURES:
             accept[t].extend(
                 engine.generate([p], max_new_tokens=gen, mode="spec", budget=budget, temperature=t).accept_lengths
             )
-    ctx_prompt = data.sample_prompts(1, 256, seed=7)
+    code = [  # greedy on code, the other held-out kind
+        a
+        for p in data.sample_prompts(n_prompts, 256, kind="code")
+        for a in engine.generate([p], max_new_tokens=gen, mode="spec", budget=budget).accept_lengths
+    ]
+    ctx_prompt = data.sample_prompts(1, 256, seed=7, kind="prose")
     opts = dict(max_new_tokens=64 if quick else 128, context=1024)
     engine.generate(ctx_prompt, max_new_tokens=8, context=1024, mode="ar")  # warm-up
     rows = {"ar": []} | {b: [] for b in budgets}
@@ -76,6 +83,7 @@ def spec_figures(*, quick: bool, device: str = "cpu", budget: int = 32, budgets:
         "heldout_prompts": n_prompts,
         "heldout_gen": gen,
         "heldout_accept_len": statistics.fmean(accept[0.0]),
+        "heldout_accept_len_code": statistics.fmean(code),
         "heldout_accept_len_sampled": [
             {"temperature": t, "accept_len": statistics.fmean(accept[t])} for t in TEMPERATURES[1:]
         ],
@@ -219,12 +227,13 @@ def _format_spec(s: dict) -> list[str]:
     lines = [
         "",
         f"Spec decode, shipped weights, budget {s['budget']}",
-        f"  accept length on held-out text ({s['heldout_prompts']} prompts "
+        f"  accept length on held-out prose ({s['heldout_prompts']} prompts "
         f"x {s['heldout_gen']} tokens): {s['heldout_accept_len']:.2f}"
         + "".join(
             f"; sampled at temperature {r['temperature']:g}: {r['accept_len']:.2f}"
             for r in s.get("heldout_accept_len_sampled", [])
-        ),
+        )
+        + (f"; greedy on held-out code: {s['heldout_accept_len_code']:.2f}" if "heldout_accept_len_code" in s else ""),
         f"  ctx {s['ctx']}, batch 1, tree=heap: AR {s['ar_decode_tok_s']:.1f} tok/s",
     ]
     for r in s["sweep"]:
