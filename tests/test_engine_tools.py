@@ -163,6 +163,7 @@ def test_benchmark_table_shows_every_figure():
             "heldout_prompts": 4,
             "heldout_gen": 64,
             "heldout_accept_len": 2.61,
+            "heldout_accept_len_code": 3.4,
             "ctx": 1024,
             "heldout_accept_len_sampled": [{"temperature": 1.0, "accept_len": 1.9}],
             "ar_decode_tok_s": 500.0,
@@ -185,7 +186,8 @@ def test_benchmark_table_shows_every_figure():
         "verify_mask": [{"batch": 8, "ctx": 32768, "nodes": 32, "naive_ms": 6.0, "compact_ms": 0.08, "speedup": 75.0}],
     }
     text = format_benchmarks(record)
-    assert "accept length on held-out text (4 prompts x 64 tokens): 2.61; sampled at temperature 1: 1.90" in text
+    said = "accept length on held-out prose (4 prompts x 64 tokens): 2.61; sampled at temperature 1: 1.90"
+    assert said + "; greedy on held-out code: 3.40" in text
     assert "spec budget   8:   600.0 tok/s  accept 2.20  spec/AR 1.20x" in text
     assert "12 alternating pairs" in text
     assert "128     64     8.000     2.000       4.00x [3.50, 4.40] True" in text
