@@ -122,4 +122,26 @@ def check_parameter(name: str, value: Any, declared: dict[str, dict]) -> str | N
             f"expected {type_name(expected())} like the notebook's default "
             f"{declared[name]['default']}, got {type_name(value)} {value!r}"
         )
+    return _item_problem(value, literal_default(declared[name].get("default")))
+
+
+def _item_problem(value: Any, default: Any) -> str | None:
+    """A list whose default is a non-empty list of one scalar type holds that type only (any number for floats)."""
+    if not isinstance(value, list) or not isinstance(default, list) or not default:
+        return None
+    kinds = {type(item) for item in default}
+    if len(kinds) != 1 or (kind := kinds.pop()) not in (str, int, float, bool):
+        return None
+    for i, item in enumerate(value):
+        if not _fits(item, kind):
+            said = f"the notebook's default {default!r}"[:100]
+            return f"item {i} is {type_name(item)} {item!r}; {said} holds only {kind.__name__} items"
     return None
+
+
+def _fits(item: Any, kind: type) -> bool:
+    if kind is bool:
+        return type(item) is bool
+    if kind is float:
+        return is_number(item)
+    return isinstance(item, kind) and type(item) is not bool
