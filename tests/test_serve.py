@@ -21,8 +21,9 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 from perfkit.engine import data, load_engine  # noqa: E402
-from perfkit.engine.serve.app import Job, Reply, _stream  # noqa: E402
+from perfkit.engine.serve.app import Reply, _stream  # noqa: E402
 from perfkit.engine.serve.metrics import ServerMetrics  # noqa: E402
+from perfkit.engine.serve.scheduler import Job  # noqa: E402
 from perfkit.engineoptions import EngineOptions  # noqa: E402
 from perfkit.probe import serving  # noqa: E402
 from perfkit.probe.servers import Server, free_port, get_json  # noqa: E402

@@ -65,6 +65,25 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def wait_ready(server, name: str, *, within_s: float, poll_s: float) -> None:
+    """Until `server.url`/health answers 200; a test failure with the log's tail when its process exits
+    first or `within_s` pass (`server`: anything with `url`, `process` and `log_tail()`)."""
+    deadline = time.monotonic() + within_s
+    while _health(server.url) != 200:
+        if server.process.poll() is not None:
+            pytest.fail(f"{name} exited with {server.process.returncode} before it was ready:\n{server.log_tail()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{name} was not ready at {server.url}/health in {within_s:g} s:\n{server.log_tail()}")
+        time.sleep(poll_s)
+
+
+def completed(results: list) -> list:
+    """perfkit.serving's results, each request asserted ok (the failed ones named with their errors)."""
+    failed = [f"request {r.index}: {r.error}" for r in results if not r.ok]
+    assert not failed, failed
+    return results
+
+
 def stop(server: LlamaServer) -> int:
     """SIGTERM, a grace, then SIGKILL to the server's process group; its exit status."""
     process = server.process
@@ -93,13 +112,7 @@ def llama_server(model: Path, *args: str) -> Iterator[LlamaServer]:
         )
     server = LlamaServer(url, process, log, model)
     try:
-        deadline = time.monotonic() + STARTUP_S
-        while _health(url) != 200:
-            if process.poll() is not None:
-                pytest.fail(f"llama-server exited with {process.returncode} before it was ready:\n{server.log_tail()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"llama-server was not ready at {url}/health in {STARTUP_S:g} s:\n{server.log_tail()}")
-            time.sleep(0.1)
+        wait_ready(server, "llama-server", within_s=STARTUP_S, poll_s=0.1)
         yield server
     finally:
         stop(server)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from llamaserver import MODEL_NAME, group_alive, llama_server, stop
+from llamaserver import MODEL_NAME, completed, group_alive, llama_server, stop
 
 from perfkit import serving
 from perfkit.probe.metrics import metrics_window
@@ -22,16 +22,10 @@ from perfkit.prometheus import scrape
 CONTEXT, GEN = 200, 24
 
 
-def _ok(results: list[serving.RequestResult]) -> list[serving.RequestResult]:
-    failed = [f"request {r.index}: {r.error}" for r in results if not r.ok]
-    assert not failed, failed
-    return results
-
-
 def test_a_run_reads_what_the_server_did(server):
     with serving.server(server.url) as srv:  # a URL: used as is, never stopped
         assert srv.identity()["model"] == MODEL_NAME
-        results = _ok(serving.run(srv.url, context=CONTEXT, gen=GEN, concurrency=2, requests=4))
+        results = completed(serving.run(srv.url, context=CONTEXT, gen=GEN, concurrency=2, requests=4))
     s = serving.summary(results)
     assert (s.completed, s.failed, s.short) == (4, 0, 0)  # ignore_eos honoured: no request stopped early
     assert s.output_tokens == 4 * GEN
@@ -82,7 +76,7 @@ def test_the_servers_counters_over_the_window_match_the_run(server):
     for name in ("llamacpp:tokens_predicted", "llamacpp:prompt_tokens", "llamacpp:n_decode"):
         assert families.get(name) == "counter", sorted(families)
     with metrics_window(server.url) as window:
-        results = _ok(serving.run(server.url, context=CONTEXT, gen=GEN, concurrency=2, requests=4, window=window))
+        results = completed(serving.run(server.url, context=CONTEXT, gen=GEN, concurrency=2, requests=4, window=window))
     predicted = window.counter("llamacpp:tokens_predicted")
     prompt = window.counter("llamacpp:prompt_tokens")
     cached = window.counter("llamacpp:prompt_tokens_cached")
@@ -97,7 +91,7 @@ def test_the_server_stops_and_leaves_no_process(tiny_model):
     with llama_server(tiny_model) as other:
         pid = other.process.pid
         assert group_alive(pid)
-        results = _ok(serving.run(other.url, context=CONTEXT, gen=4, requests=1, warmup=0))
+        results = completed(serving.run(other.url, context=CONTEXT, gen=4, requests=1, warmup=0))
         assert results[0].output_tokens == 4
     assert not group_alive(pid) and other.process.returncode is not None
     assert stop(other) == other.process.returncode  # stopping twice is harmless

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from llamaserver import completed
 from vllmserver import MODEL_NAME, ROOT, VllmServer, vllm_server, write_model
 
 from perfkit import serving
@@ -35,16 +36,10 @@ def vllm(tmp_path_factory) -> Iterator[VllmServer]:
         yield running
 
 
-def _ok(results: list[serving.RequestResult]) -> list[serving.RequestResult]:
-    failed = [f"request {r.index}: {r.error}" for r in results if not r.ok]
-    assert not failed, failed
-    return results
-
-
 def test_a_run_reads_what_vllm_did(vllm):
     with serving.server(vllm.url) as srv:  # a URL: used as is, never stopped
         assert srv.identity()["model"] == MODEL_NAME
-        results = _ok(serving.run(srv.url, context=CONTEXT, gen=GEN, concurrency=2, requests=REQUESTS))
+        results = completed(serving.run(srv.url, context=CONTEXT, gen=GEN, concurrency=2, requests=REQUESTS))
     s = serving.summary(results)
     assert (s.completed, s.failed, s.short) == (REQUESTS, 0, 0)  # ignore_eos honoured
     assert s.output_tokens == REQUESTS * GEN and s.token_sources == ("usage",)
@@ -75,7 +70,7 @@ def test_vllms_own_metrics_over_the_window_are_the_measured_requests(vllm):
     }.items():
         assert families.get(name) == kind, (name, families.get(name))
     with metrics_window(vllm.url) as w:  # the warm-up request runs before the window opens
-        results = _ok(serving.run(vllm.url, context=CONTEXT, gen=GEN, concurrency=2, requests=REQUESTS, window=w))
+        results = completed(serving.run(vllm.url, context=CONTEXT, gen=GEN, concurrency=2, requests=REQUESTS, window=w))
     ttft = w.histogram(TTFT)
     assert ttft.count == REQUESTS
     # vLLM's clock starts when the request reached it and stops when its first token left the engine:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from llamaserver import STOP_S, _health, group_alive, stop
+from llamaserver import STOP_S, group_alive, stop, wait_ready
 
 from perfkit.endpoints import free_port
 
@@ -113,13 +113,7 @@ def vllm_server(
         )
     server = VllmServer(url, process, log, model, started_at)
     try:
-        deadline = time.monotonic() + STARTUP_S
-        while _health(url) != 200:
-            if process.poll() is not None:
-                pytest.fail(f"vLLM exited with {process.returncode} before it was ready:\n{server.log_tail()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM was not ready at {url}/health in {STARTUP_S:g} s:\n{server.log_tail()}")
-            time.sleep(0.25)
+        wait_ready(server, "vLLM", within_s=STARTUP_S, poll_s=0.25)
         yield server
     finally:
         stop(server)
