@@ -27,10 +27,16 @@ run: $(STAMP)  ## every shipped hypothesis in quick mode; writes runs/<id>/ and 
 # every run of the suite takes its modules, and the tests inside each, in a shuffled order (pytest-random-order):
 # a test that passes only after another fails somewhere; the seed it prints reruns that order
 TEST_SEED ?= $(shell date +%s)
+# the suite runs in TEST_WORKERS processes (pytest-xdist), a test module to one process (its module fixtures are
+# made once): each test shares the machine with another, as it would with any other work. The tests marked
+# `alone` (they time the machine itself, or wait for it to be quiet) run afterwards, one at a time
+TEST_WORKERS ?= 2
+TEST_ORDER = --random-order-bucket=module --random-order-seed=$(TEST_SEED)
 
 test: $(STAMP) lint  ## lint, then the test suite, in a shuffled order
 	@echo "tests in a shuffled order: make test TEST_SEED=$(TEST_SEED) repeats it"
-	$(BIN)/python -m pytest -q --random-order-bucket=module --random-order-seed=$(TEST_SEED)
+	$(BIN)/python -m pytest -q $(TEST_ORDER) -n $(TEST_WORKERS) --dist loadfile -m "not alone"
+	$(BIN)/python -m pytest -q $(TEST_ORDER) -m alone
 
 lint: $(STAMP)  ## ruff: formatting and lint rules (pyproject.toml); `make format` applies the formatting
 	$(BIN)/ruff format --check --quiet perfkit tests tests_thirdparty

@@ -127,6 +127,7 @@ def _wait_for_quiet(cpus: tuple[int, ...], pid: int, bound_s: float = 180.0) -> 
         )
 
 
+@pytest.mark.alone  # waits for both CPUs to be quiet: beside another test it waits for that test to end
 @pytest.mark.skipif(len(fitness.cpus()) < 2, reason="needs two CPUs to pin to")
 def test_a_sibling_on_its_own_cpu_is_not_foreign_load_but_a_stranger_on_mine_is():
     """Real processes: the trace of an execution pinned to one CPU reads that CPU's load. A busy process

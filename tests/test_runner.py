@@ -703,6 +703,7 @@ def test_profile_nsys_runs_each_kernel_under_nsys_and_says_when_it_is_missing(fi
     assert list((project.runs_dir / report.run_id).glob("executions/*/r0/nsys.nsys-rep"))
 
 
+@pytest.mark.alone  # how many replicates fit, and how long they took, is the machine's pace
 def test_a_time_budget_bounds_the_whole_run_and_says_what_did_not_fit(tmp_path):
     """n=1950 puts the work 2.5% under the cost's upper edge (2 ms): 2 replicates straddle it. With no
     time for even its first round the run measures nothing and says what that would have needed (the
@@ -739,6 +740,7 @@ def test_a_time_budget_bounds_the_whole_run_and_says_what_did_not_fit(tmp_path):
     assert said.count("not measured") == 1, said
 
 
+@pytest.mark.alone  # how many replicates fit, and how long they took, is the machine's pace
 def test_costs_from_a_slower_day_are_carried_to_today_and_what_they_left_out_is_measured_after_all(tmp_path):
     """Costs stored on a day the machine was 30x slower would make the plan leave one of two hypotheses
     out of a budget that holds only one. When that day's run timed the machine's pace (machine.pace), the
