@@ -143,3 +143,20 @@ def test_a_probe_asking_for_a_resource_no_worker_offers_is_refused_before_anythi
     err = capsys.readouterr().err
     assert code == 2 and "asks for GPU=1 (probe.resources) and no worker offers it" in err, err
     assert not project.runs_dir.exists() or not any(p.is_dir() for p in project.runs_dir.iterdir())
+
+
+def test_two_local_clusters_at_once_each_take_a_free_port_and_neither_shows_a_dashboard(recwarn):
+    """Two runs with `--cluster local:N` on one machine (two users, or two test processes): the second took
+    Dask's default 8787, found it taken, and warned; each now asks for any free port."""
+    first = cluster.connect("local:1")
+    try:
+        second = cluster.connect("local:1")
+        try:
+            ports = [c.scheduler_info()["services"].get("dashboard") for c in (first, second)]
+            assert 8787 not in ports and ports[0] != ports[1], ports
+            assert second.submit(sum, [1, 2]).result(timeout=30) == 3
+        finally:
+            cluster.close(second)
+    finally:
+        cluster.close(first)
+    assert not [w for w in recwarn if "already in use" in str(w.message)], [str(w.message) for w in recwarn]

@@ -98,7 +98,9 @@ def connect(spec: str, *, timeout_s: float = 5.0):
                     threads_per_worker=1,
                     processes=True,
                     resources={RESOURCE: 1},
-                    dashboard_address=None,
+                    # no dashboard, and the scheduler's HTTP server on any free port: two runs at once both
+                    # asked for 8787, and the second warned that it was taken
+                    scheduler_kwargs={"dashboard": False, "dashboard_address": ":0"},
                     silence_logs=40,
                 )
                 client = distributed.Client(cluster)
