@@ -157,7 +157,7 @@ def _preload(names: list[str], root: Path | None) -> tuple[list[str], list[str]]
     return done, skipped
 
 
-def _fork_executor(request: dict, listener: socket.socket, conns: list[socket.socket], child) -> int:
+def _fork_executor(request: dict, listener: socket.socket, conns: list[socket.socket], wake: tuple, child) -> int:
     """Fork one replicate's executor, `child(spec)` in the new process; in the child this never returns."""
     pid = os.fork()
     if pid:
@@ -167,7 +167,11 @@ def _fork_executor(request: dict, listener: socket.socket, conns: list[socket.so
         os.setsid()
         for s in (listener, *conns):
             s.close()
+        signal.set_wakeup_fd(-1)  # the template's: its signals, its pipe
+        for fd in wake:
+            os.close(fd)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         null = os.open(os.devnull, os.O_RDONLY)
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(null, 0)
@@ -209,13 +213,23 @@ def serve(socket_path: str, preload: list[str], root: str | None, child) -> int:
     if refused:
         return 3
     stop = []
+    # an executor that ended (SIGCHLD) or the runner's stop (SIGTERM) wakes the loop at once through this pipe:
+    # a replicate's end is told to its runner, and a round's template closed, without waiting for a tick
+    wake = os.pipe()
+    for fd in wake:
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake[1])
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     parent = os.getppid()
     conns: list[socket.socket] = []
     children: dict[int, socket.socket] = {}
-    while not stop and os.getppid() == parent:
-        readable, _, _ = select.select([listener, *conns], [], [], 0.1)
+    while not stop and os.getppid() == parent:  # the tick only notices a runner that died
+        readable, _, _ = select.select([listener, wake[0], *conns], [], [], 0.1)
         for s in readable:
+            if s == wake[0]:
+                _drain(wake[0])
+                continue
             if s is listener:
                 conn, _ = listener.accept()
                 conns.append(conn)
@@ -228,7 +242,7 @@ def serve(socket_path: str, preload: list[str], root: str | None, child) -> int:
             request = json.loads(line)
             if request.get("cpus"):  # the fork's own cost lands on the CPUs of the slot that asked, not a sibling's
                 os.sched_setaffinity(0, request["cpus"])
-            pid = _fork_executor(request, listener, conns, child)
+            pid = _fork_executor(request, listener, conns, wake, child)
             children[pid] = s
             s.sendall((json.dumps({"pid": pid}) + "\n").encode())
         _reap(children)
@@ -260,6 +274,14 @@ def kill(victims: list) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(victims, timeout=10)
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def _read_line(s: socket.socket) -> bytes:
