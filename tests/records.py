@@ -115,14 +115,23 @@ def fixture_project(root: Path, *ids: str) -> Project:
     return Project(root)
 
 
+def shared_cores(mp) -> None:
+    """What a test of a run's mechanics sets with its MonkeyPatch `mp` for the machine it shares (another test
+    runs beside it, as in `make test`): no fitness verdicts, and no replicate waiting for its cores to be free
+    (up to 10 s each); fitness has tests of its own."""
+    from perfkit.experiment.run import schedule
+
+    mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+    mp.setattr(schedule.fitness, "wait_for_cores", lambda threads, *, on=None, timeout_s=None: 0.0)
+
+
 def shared_machine(mp) -> None:
-    """What a test of a run's mechanics sets with its MonkeyPatch `mp`: a fixed source hash (a test edits
-    no perfkit code, but a suite run beside an edit must not see it) and no fitness verdicts (the suite
-    shares the machine; fitness has tests of its own)."""
-    from perfkit.experiment.run import runner, schedule
+    """`shared_cores`, and a fixed source hash: a test edits no perfkit code, but a suite run beside an edit
+    must not see it."""
+    from perfkit.experiment.run import runner
 
     mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+    shared_cores(mp)
 
 
 def run(project: Project, *, out=print, **options: Any):

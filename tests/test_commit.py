@@ -11,13 +11,13 @@ from pathlib import Path
 import psutil
 import pytest
 import records
-from records import fixture_project, of
+from records import fixture_project, of, shared_cores, shared_machine
 
 from perfkit.cli import main
 from perfkit.experiment.outputs import ledger
 from perfkit.experiment.records.hypothesis import load_hypotheses
 from perfkit.experiment.records.results import RunResults, load_all_results
-from perfkit.experiment.run import commit, rundir, runner, schedule
+from perfkit.experiment.run import commit, rundir
 from perfkit.paths import Project
 
 
@@ -193,8 +193,7 @@ def test_a_folder_a_run_cannot_write_stops_it_before_any_probe(project, capsys):
 def test_a_full_disk_stops_a_run_with_one_line_and_keeps_what_was_measured(project, monkeypatch, capsys):
     import errno
 
-    monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+    shared_machine(monkeypatch)
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(project.results_dir / "x.json"))
@@ -223,8 +222,7 @@ def test_a_committed_results_file_its_reader_refuses_stops_a_run_before_any_prob
 def test_a_disk_that_fills_mid_run_never_leaves_the_manifest_running(project, monkeypatch, capsys):
     import errno
 
-    monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+    shared_machine(monkeypatch)
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(project.results_dir / "x.json"))
@@ -251,7 +249,7 @@ def test_ctrl_c_while_plotting_stops_the_run_even_when_plotting_code_swallows_it
 
     from perfkit.experiment.records import plots
 
-    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+    shared_cores(monkeypatch)
     real = plots.render
 
     def interrupted_render(*args, **kwargs):
@@ -270,7 +268,7 @@ def test_ctrl_c_while_plotting_stops_the_run_even_when_plotting_code_swallows_it
 
 @pytest.mark.parametrize(("hid", "code"), [("fx-cost-confirmed", 0), ("fx-share", 0), ("no-such-claim", 125)])
 def test_check_answers_git_bisect_and_never_writes_the_ledger(project, monkeypatch, capsys, hid, code):
-    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+    shared_cores(monkeypatch)
     before = {p: p.read_bytes() for p in project.hypotheses_dir.rglob("*") if p.is_file()}
     assert main(["--root", str(project.root), "check", hid, "--replicates", "1", "--max-replicates", "1"]) == code
     out, err = capsys.readouterr()

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from records import run
+from records import run, shared_machine
 
 from perfkit.experiment.records.results import read_execution
-from perfkit.experiment.run import cluster, runner, schedule
+from perfkit.experiment.run import cluster
 from perfkit.paths import Project
 
 FIXTURES = Path(__file__).parent / "fixtures" / "project"
@@ -71,8 +71,7 @@ def project(tmp_path):
 def _run(project: Project, **options):
     lines: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")  # others edit perfkit meanwhile
-        mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)  # a shared machine
+        shared_machine(mp)
         report = run(project, ids=["self-editing"], max_replicates=2, timeout_s=60, out=lines.append, **options)
     return report, lines
 

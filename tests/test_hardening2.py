@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from records import execution, hypothesis, result, run_results, store
+from records import execution, hypothesis, result, run_results, shared_cores, store
 
 from perfkit.cli import main
 from perfkit.errors import RecordError
@@ -224,10 +224,9 @@ def test_braces_in_the_project_path_and_the_notebook_name_are_just_characters(tm
 
     from records import run
 
-    from perfkit.experiment.run import schedule
     from perfkit.paths import Project
 
-    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+    shared_cores(monkeypatch)
     fixtures = Path(__file__).parent / "fixtures" / "project"
     root = tmp_path / "we{ird}"
     (root / "hypotheses").mkdir(parents=True)

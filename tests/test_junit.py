@@ -206,12 +206,12 @@ FIXTURES = Path(__file__).parent / "fixtures" / "project"
 def test_perfkit_run_junit_writes_a_schema_valid_file_with_a_case_per_hypothesis(tmp_path, monkeypatch):
     import shutil
 
+    from records import shared_machine
+
     from perfkit.cli import main
-    from perfkit.experiment.run import runner, schedule
 
     shutil.copytree(FIXTURES, tmp_path / "p")
-    monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+    shared_machine(monkeypatch)
     out = tmp_path / "reports" / "perfkit.xml"
     out.parent.mkdir()
     ids = ["fx-cost-confirmed", "fx-cost-refuted", "fx-raises"]

@@ -79,14 +79,12 @@ def test_bad_options_are_refused_before_anything_runs(given, message):
 
 
 def test_the_manifest_records_the_options_the_run_was_given(tmp_path, monkeypatch):
-    from records import run
+    from records import run, shared_machine
 
-    from perfkit.experiment.run import runner, schedule
     from perfkit.paths import Project
 
     shutil.copytree(FIXTURES, tmp_path / "p")
-    monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+    shared_machine(monkeypatch)
     report = run(Project(tmp_path / "p"), ids=["fx-cost-confirmed"], quick=True, replicates=1, out=lambda s: None)
     manifest = json.loads((tmp_path / "p" / "runs" / report.run_id / "manifest.json").read_text())
     assert manifest["options"]["ids"] == ["fx-cost-confirmed"] and manifest["options"]["quick"] is True

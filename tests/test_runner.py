@@ -11,7 +11,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from records import FIXTURES, fixture_project, run
+from records import FIXTURES, fixture_project, run, shared_cores, shared_machine
 
 from perfkit.cli import main
 from perfkit.errors import UserError
@@ -33,10 +33,9 @@ def first(tmp_path_factory):
     project = Project(root)
     lines: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
-        # other people edit perfkit while tests run; the cache key must not move under this module
-        mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-        # the suite shares the machine with other work
-        mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+        # other people edit perfkit while tests run (the cache key must not move under this module), and the
+        # suite shares the machine with other work
+        shared_machine(mp)
         report = run(project, all=True, quick=True, jobs=2, timeout_s=15, replicates=1, out=lines.append)
     # what the ledger was right after the run, before any test of this module changes the project
     AFTER_FIRST.update(check=main(["--root", str(root), "ledger", "--check"]), ledger=project.ledger_path.read_text())
@@ -58,8 +57,9 @@ def measured_once(tmp_path_factory):
 def rerun(project, **kwargs):
     lines: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-        mp.setattr(schedule.fitness, "unfit", kwargs.pop("unfit", lambda trace, window=None, limits=None: None))
+        shared_machine(mp)
+        if "unfit" in kwargs:  # a test's own fitness verdicts
+            mp.setattr(schedule.fitness, "unfit", kwargs.pop("unfit"))
         kwargs.setdefault("replicates", 1)
         report = run(project, quick=True, out=lines.append, **kwargs)
     return report, lines
@@ -215,9 +215,7 @@ def test_param_overrides_are_checked(first):
 
 
 def test_shipped_mask_build_probe_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr(
-        schedule.fitness, "unfit", lambda trace, window=None, limits=None: None
-    )  # other tests may be running beside this one
+    shared_cores(monkeypatch)  # other tests may be running beside this one
     shutil.copytree(ROOT / "hypotheses", tmp_path / "hypotheses", ignore=shutil.ignore_patterns("ledger", "LEDGER.md"))
     shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
     lines: list[str] = []
@@ -355,8 +353,7 @@ def test_a_closed_pipe_never_stops_the_measurement(first):
 
     report, _ = rerun(project, ids=["fx-cost-confirmed"], force=True)  # a baseline that runs
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
-        mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
+        shared_machine(mp)
         piped = run(project, ids=["fx-cost-confirmed"], quick=True, force=True, replicates=1, out=closed_after_two)
     assert len(said) == 2  # the reader left after two lines
     assert piped.results.hypotheses[0].verdict == "confirmed"  # and the run still judged and stored it
@@ -656,8 +653,7 @@ def test_a_notebook_executed_by_hand_with_papermill_gets_the_runs_verdicts(first
 
 def test_run_show_and_validate_speak_json(first, monkeypatch, capsys):
     project, _, _ = first
-    monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+    shared_machine(monkeypatch)
     root = ["--root", str(project.root)]
     assert main([*root, "run", "fx-share", "--quick", "--replicates", "1", "--json"]) == 0
     captured = capsys.readouterr()

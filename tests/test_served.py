@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from records import execution, hypothesis, result, run_results
+from records import execution, hypothesis, result, run_results, shared_cores
 
 from perfkit.experiment.outputs import ledger
 from perfkit.experiment.records import formats, results, served
@@ -154,9 +154,7 @@ def test_perfkit_run_judges_the_serving_hypotheses_against_a_server_it_starts(tm
 
     from records import run
 
-    from perfkit.experiment.run import schedule
-
-    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)  # tests run beside
+    shared_cores(monkeypatch)
     root = Path(__file__).resolve().parents[1]
     (tmp_path / "hypotheses").mkdir()
     for name in SERVING:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from records import run
+from records import run, shared_machine
 
-from perfkit.experiment.run import runner, schedule, warm
+from perfkit.experiment.run import warm
 from perfkit.experiment.run.scaffold import probe_notebook
 from perfkit.paths import Project
 
@@ -64,8 +64,7 @@ def measured(tmp_path_factory):
         project = _project(tmp_path_factory.mktemp(how))
         lines: list[str] = []
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-            mp.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+            shared_machine(mp)
             report = run(
                 project,
                 all=True,

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from records import execution, run
+from records import execution, run, shared_machine
 
 pytest.importorskip("starlette")
 pytest.importorskip("prometheus_client")
 
 from perfkit.engineoptions import EngineOptions  # noqa: E402
-from perfkit.experiment.run import runner, schedule, windows  # noqa: E402
+from perfkit.experiment.run import windows  # noqa: E402
 from perfkit.paths import Project  # noqa: E402
 from perfkit.probe.servers import Server  # noqa: E402
 
@@ -63,8 +63,7 @@ def _project(root: Path, url: str) -> Project:
 
 def test_a_run_on_a_running_server_measures_windows_of_one_process_and_says_so(tmp_path, running, monkeypatch):
     project = _project(tmp_path, running.url)
-    monkeypatch.setattr(runner, "source_tree_hash", lambda: "fixed-source")
-    monkeypatch.setattr(schedule.fitness, "unfit", lambda trace, window=None, limits=None: None)
+    shared_machine(monkeypatch)
     report = run(project, all=True, replicates=2, max_replicates=2, jobs=2, timeout_s=120, out=lambda line: None)
     (h,) = report.results.hypotheses
     assert h.verdict == "confirmed", h.reason
