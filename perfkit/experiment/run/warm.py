@@ -157,7 +157,9 @@ def _preload(names: list[str], root: Path | None) -> tuple[list[str], list[str]]
     return done, skipped
 
 
-def _fork_executor(request: dict, listener: socket.socket, conns: list[socket.socket], wake: tuple, child) -> int:
+def _fork_executor(
+    request: dict, listener: socket.socket, conns: list[socket.socket], wake: tuple[int, int], child
+) -> int:
     """Fork one replicate's executor, `child(spec)` in the new process; in the child this never returns."""
     pid = os.fork()
     if pid:
@@ -167,7 +169,7 @@ def _fork_executor(request: dict, listener: socket.socket, conns: list[socket.so
         os.setsid()
         for s in (listener, *conns):
             s.close()
-        signal.set_wakeup_fd(-1)  # the template's: its signals, its pipe
+        signal.set_wakeup_fd(-1)  # the template's wake-up pipe and its SIGCHLD handler are not the executor's
         for fd in wake:
             os.close(fd)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
