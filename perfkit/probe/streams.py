@@ -9,14 +9,28 @@ needed (`pip install 'perfkit[serve]'`), imported on first use.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfkit.endpoints import identity
 from perfkit.errors import UserError
 
-__all__ = ["Stream", "Target", "chunk_tokens", "load_aiohttp", "request", "spread", "tokenize"]
+__all__ = [
+    "Stream",
+    "Target",
+    "chunk_tokens",
+    "load_aiohttp",
+    "request",
+    "run_sync",
+    "served_model",
+    "spread",
+    "tokenize",
+]
 
 
 STALE_RETRIES = 2  # a request whose pooled connection the server had closed is sent again this many times at most
@@ -29,6 +43,24 @@ def load_aiohttp():
     except ImportError:
         raise UserError("perfkit.serving needs aiohttp: pip install 'perfkit[serve]'") from None
     return aiohttp
+
+
+def served_model(url: str) -> str:
+    """The first model the server at `url` names (`GET /v1/models`); a UserError when it names none."""
+    model = identity(url)["model"]
+    if not model:
+        raise UserError(f"serving: {url}/v1/models named no model; pass model=")
+    return str(model)
+
+
+def run_sync(make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    """Run a coroutine to its end, also from a notebook, whose thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
 
 
 @dataclass(frozen=True)
