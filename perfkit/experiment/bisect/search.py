@@ -15,6 +15,12 @@ Two adjacent commits that differ name the newer one a culprit, but only once bot
 twice the first replicates and still differ: with three processes an interval is itself noisy,
 and one drawn narrow by chance would otherwise blame a commit that changed nothing.
 
+The same holds the other way round: where a segment is cut, a neighbouring pair that is not told
+apart is let go as "no change" only once each one's value lies inside the other's interval, or
+both have twice the first replicates. Otherwise one interval drawn wide by chance, or by a
+neighbour's load, would hide a second culprit behind the first (Pinpoint's "unknown": more
+attempts, not "the same").
+
 A commit that cannot be measured (its probe fails, its record is missing, the machine was busy)
 is skipped with its reason, and a neighbour is measured instead. Nothing here does I/O: the caller's
 `measure(index, replicates)` does, and is asked again with more replicates (its cache keeps the
@@ -26,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from perfkit.experiment.records.compare import move, move_words
+from perfkit.experiment.records.compare import alike, move, move_words
 from perfkit.experiment.records.results import HypothesisResult
 from perfkit.experiment.records.verdict import UNFIT_REASON
 
@@ -87,6 +93,14 @@ def differ(a: Point, b: Point) -> bool:
     return factor is not None or shift is not None
 
 
+def settled(a: Point, b: Point, confirm: int) -> bool:
+    """Two neighbours in a chain that need no more replicates: told apart, alike (each value inside the
+    other's interval), or both already measured with the replicates a culprit is confirmed with."""
+    if differ(a, b) or min(a.replicates, b.replicates) >= confirm:
+        return True
+    return a.usable and b.usable and alike(a.result, b.result)
+
+
 def moved_words(a: Point, b: Point) -> str:
     """How far the measurement moved from a to b: '3.0x higher', '+0.41'."""
     factor, shift = move(a.result, b.result)
@@ -126,13 +140,15 @@ class Search:
         self.ensure({index: replicates or self.first})
         return self.out.points[index]
 
-    def grow(self, *indices: int) -> bool:
-        """More replicates for each commit below the most (double, capped); False when none could grow."""
+    def grow(self, *indices: int, upto: int | None = None) -> bool:
+        """More replicates for each commit below `upto` (the most by default): double, capped; False when
+        none could grow."""
+        upto = upto or self.most
         wanted = {}
         for i in indices:
             have = self.out.points[i]
-            if have.usable and have.replicates < self.most:
-                wanted[i] = min(self.most, have.replicates * 2)
+            if have.usable and have.replicates < upto:
+                wanted[i] = min(upto, have.replicates * 2)
         self.ensure(wanted)
         return bool(wanted)
 
@@ -166,10 +182,10 @@ class Search:
 
     def split(self, a: int, b: int) -> list[tuple[int, int]]:
         """The segments of (a, b) still to search, b's measurement differing from a's."""
-        if b == a + 1:  # a culprit is named only if the two still differ with twice the first replicates
-            while min(self.at(a).replicates, self.at(b).replicates) < self.confirm or not differ(
-                self.at(a), self.at(b)
-            ):
+        if b == a + 1:  # a culprit is named only if the two still differ with twice the replicates it was seen with
+            seen = min(self.at(a).replicates, self.at(b).replicates)
+            enough = min(self.most, max(self.confirm, 2 * seen))
+            while min(self.at(a).replicates, self.at(b).replicates) < enough or not differ(self.at(a), self.at(b)):
                 if not self.grow(a, b):
                     return []  # the difference that led here did not hold up: not a change after all
             self.out.changes.append(Change(a, b, moved_words(self.at(a), self.at(b)), True))
@@ -180,8 +196,12 @@ class Search:
             return []
         chain = [a, *inside, b]
         while True:
-            cut = [(x, y) for x, y in zip(chain, chain[1:]) if differ(self.at(x), self.at(y))]
-            if cut:
+            pairs = list(zip(chain, chain[1:]))
+            cut = [(x, y) for x, y in pairs if differ(self.at(x), self.at(y))]
+            if cut:  # a pair not told apart is let go only once it looks alike, or has the confirming replicates
+                unsure = {i for x, y in pairs if not settled(self.at(x), self.at(y), self.confirm) for i in (x, y)}
+                if unsure and self.grow(*sorted(unsure), upto=self.confirm):
+                    continue
                 return cut
             if not self.grow(*chain):
                 shown = ", ".join(self.at(i).result.measured.text() for i in inside)

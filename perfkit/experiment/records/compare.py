@@ -161,6 +161,20 @@ def move(base: HypothesisResult, current: HypothesisResult) -> tuple[float | Non
     return value / a.value, None
 
 
+def alike(base: HypothesisResult, current: HypothesisResult) -> bool:
+    """Whether two measurements look the same, not merely not told apart: each one's value lies inside
+    the other's interval. Two intervals that overlap only at their edges, or one too wide to tell
+    anything, say too little either way (a bisection measures those again before it lets them go)."""
+    a, b = base.measured, current.measured
+    if a is None or b is None or not comparable(a, b):
+        return False
+    if identical(a, b):
+        return True
+    scale = units.factor(b.unit, a.unit) if a.unit != b.unit else 1.0
+    low, high, value = b.low * scale, b.high * scale, b.value * scale
+    return a.low <= value <= a.high and low <= a.value <= high
+
+
 #: two values closer than this, relative to their size, are one value: the rounding of the arithmetic that
 #: computed them (a mean of whole tokens summed in another order), far below any measurement's resolution
 RESOLUTION = 1e-9
