@@ -12,8 +12,9 @@ segments whose two ends differ; a commit inside one is measured and compared wit
   commit still between the two is reported honestly: "undecided between A and B".
 
 Two adjacent commits that differ name the newer one a culprit, but only once both sides have
-twice the first replicates and still differ: with three processes an interval is itself noisy,
-and one drawn narrow by chance would otherwise blame a commit that changed nothing.
+twice the replicates the difference was first seen with (at least twice the first) and still
+differ: with three processes an interval is itself noisy, and one drawn narrow by chance would
+otherwise blame a commit that changed nothing.
 
 The same holds the other way round: where a segment is cut, a neighbouring pair that is not told
 apart is let go as "no change" only once each one's value lies inside the other's interval, or
