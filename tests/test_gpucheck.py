@@ -9,7 +9,7 @@ import types
 import pytest
 
 from perfkit.errors import UserError
-from perfkit.machine import gpucheck
+from perfkit.machine import gpucheck, gpureport
 from perfkit.probe import spans
 from perfkit.probe.timing import bench
 
@@ -76,7 +76,7 @@ def test_three_clocks_on_a_long_kernel_no_sync_sees_only_the_launch(simulated):
     assert t["events_ms"] == pytest.approx(4.0, rel=0.05)
     assert t["wall_nosync_ms"] < 0.5  # the host only queued the work
     assert t["wall_sync_ms"] >= 3.9
-    said = gpucheck.findings({"kernels": {"value": [dict(t, kernel="matmul")]}})
+    said = gpureport.findings({"kernels": {"value": [dict(t, kernel="matmul")]}})
     assert any(s.startswith("matmul: host clock without sync says") and "below the kernel's" in s for s in said)
 
 
@@ -85,7 +85,7 @@ def test_three_clocks_on_a_tiny_kernel_sync_per_call_inflates_it(simulated):
     t = gpucheck.time_three_ways(gpu.launch, calls=10, warmup=1)
     assert t["events_ms"] == pytest.approx(0.1, rel=0.2)
     assert t["wall_sync_ms"] > 10 * t["events_ms"]
-    said = gpucheck.findings({"kernels": {"value": [dict(t, kernel="add 256")]}})
+    said = gpureport.findings({"kernels": {"value": [dict(t, kernel="add 256")]}})
     assert any(s.startswith("add 256: a sync per call says") for s in said)
 
 
@@ -257,7 +257,7 @@ def _report():
 
 def test_findings_and_markdown_from_a_report():
     report = _report()
-    said = gpucheck.findings(report)
+    said = gpureport.findings(report)
     assert "measured device triad 4 TB/s = 83% of the NVML-derived peak 4.8 TB/s" in said
     assert any(s.startswith("perfkit spans agree with CUDA events: 1.52 ms vs 1.5 ms") for s in said)
     assert said[-1] == "FAILED sections: profiler (see their errors below)"
@@ -265,7 +265,7 @@ def test_findings_and_markdown_from_a_report():
         "engine spec at 4096 context: 250 tok/s; spans' steps sum to 0.25 s of 0.26 s synchronised wall; "
         "verify_forward 0.5 ms = 50x its floor (memory-bound floor ...)"
     ) in said
-    md = gpucheck.render_markdown(report)
+    md = gpureport.render_markdown(report)
     assert md.startswith("# perfkit gpu-check (2025-01-01T00:00:00+00:00)")
     assert "- GPU 0: NVIDIA H200, driver 550.54.15, 150 GiB, peak DRAM 4.8 TB/s" in md
     assert "| matmul 8192^2 bf16 | 1.5 | 0.02 | 1.55 | 733 | 268 |" in md
@@ -274,18 +274,18 @@ def test_findings_and_markdown_from_a_report():
         "tree build, batch 128, budget 64: vectorized 0.45 ms vs heapq 9 ms with its copy to the host: 20x "
         "[18, 22], identical trees"
     ) in said
-    assert gpucheck.failed_sections(report) == ["profiler"]
+    assert gpureport.failed_sections(report) == ["profiler"]
     report["nvtx"]["value"]["ok"] = False
-    assert gpucheck.failed_sections(report) == ["profiler", "nvtx"]
+    assert gpureport.failed_sections(report) == ["profiler", "nvtx"]
     report["tree_build"]["value"][0]["same_trees"] = False
-    assert gpucheck.failed_sections(report) == ["profiler", "nvtx", "tree_build"]
-    assert any("batch 1, budget 64" in s and s.endswith("DIFFERENT TREES") for s in gpucheck.findings(report))
+    assert gpureport.failed_sections(report) == ["profiler", "nvtx", "tree_build"]
+    assert any("batch 1, budget 64" in s and s.endswith("DIFFERENT TREES") for s in gpureport.findings(report))
 
 
 def test_spans_that_disagree_with_events_are_called_out():
     report = _report()
     report["spans"]["value"].update(span_mean_ms=0.02, span_vs_events=0.013)
-    assert any(s.startswith("perfkit spans DISAGREE with CUDA events") for s in gpucheck.findings(report))
+    assert any(s.startswith("perfkit spans DISAGREE with CUDA events") for s in gpureport.findings(report))
 
 
 def test_engine_check_runs_the_engine_and_compares_verify_with_its_floor():
@@ -303,7 +303,7 @@ def test_engine_check_runs_the_engine_and_compares_verify_with_its_floor():
         assert r["per_step_ms"]["step"] > 0 and "unattributed" in r["per_step_ms"]
         assert r["verify_forward_ms"] > 0 and r["verify_floor_ms"] > 0
         assert "test machine" in r["verify_floor_note"]
-    said = gpucheck.findings({"engine": {"value": rows}})
+    said = gpureport.findings({"engine": {"value": rows}})
     assert said[0].startswith("engine spec at 128 context: ") and "x its floor" in said[0]
 
 
@@ -377,4 +377,4 @@ def test_tree_build_check_is_the_tree_benchmark_on_a_device():
     rows = gpucheck.tree_build_check(device="cpu")
     assert {(r["batch"], r["budget"]) for r in rows} >= {(1, 64), (128, 64)}
     assert all(r["same_trees"] for r in rows)
-    assert len([s for s in gpucheck.findings({"tree_build": {"value": rows}}) if s.startswith("tree build")]) == 2
+    assert len([s for s in gpureport.findings({"tree_build": {"value": rows}}) if s.startswith("tree build")]) == 2

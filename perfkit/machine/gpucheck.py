@@ -8,7 +8,7 @@ torch.profiler records device kernels, times the vectorized draft-tree build on 
 the per-request heapq (which pays the copy to the host), and runs the bundled engine on CUDA with
 profiling on. Every clock is a `perfkit.bench` option (sync "cuda", "none" and "each"), so the
 check compares the timer perfkit uses with the two common mistakes. It writes `report.md` and
-`report.json`.
+`report.json`; what the report says (findings, markdown, failed sections) is `gpureport`'s job.
 
 Without a CUDA device nothing can be checked: it says why in one line and exits 2 (a UserError),
 writing no report, so a script never mistakes "nothing measured" for "checked and fine". A section
@@ -32,9 +32,10 @@ from pathlib import Path
 from perfkit.errors import UserError
 from perfkit.files import encode_number, write_atomic, write_json
 from perfkit.machine.devices import nvml
+from perfkit.machine.gpureport import failed_sections, findings, render_markdown
 from perfkit.probe.timing import bench
 
-__all__ = ["main", "run", "cuda_unavailable", "time_three_ways", "nvtx_check", "findings", "render_markdown"]
+__all__ = ["main", "run", "cuda_unavailable", "time_three_ways", "nvtx_check"]
 
 FORMAT_VERSION = 2
 DEADLINE_S = 280.0  # the whole check stays under 5 minutes
@@ -281,107 +282,6 @@ def engine_check(
     return rows
 
 
-# --- findings and the report -----------------------------------------------------------------------
-
-
-def findings(report: dict) -> list[str]:
-    """What the measurements say, in sentences (pure: computed from the report dict)."""
-    out = []
-    for k in report.get("kernels", {}).get("value", []) or []:
-        ev, nosync, sync = k["events_ms"], k["wall_nosync_ms"], k["wall_sync_ms"]
-        if nosync < 0.5 * ev:
-            out.append(
-                f"{k['kernel']}: host clock without sync says {nosync:.4g} ms, {ev / nosync:.1f}x below the "
-                f"kernel's {ev:.4g} ms (it times the launch, not the work)"
-            )
-        if sync > 1.5 * ev:
-            out.append(
-                f"{k['kernel']}: a sync per call says {sync:.4g} ms, {sync / ev:.1f}x the kernel's {ev:.4g} ms "
-                f"(launch + sync latency dominates)"
-            )
-    sp = report.get("spans", {}).get("value")
-    if sp:
-        verdict = "agree with" if 0.8 <= sp["span_vs_events"] <= 1.25 else "DISAGREE with"
-        out.append(
-            f"perfkit spans {verdict} CUDA events: {sp['span_mean_ms']:.4g} ms vs {sp['events_ms']:.4g} ms "
-            f"(host clock without sync: {sp['wall_nosync_ms']:.4g} ms)"
-        )
-    bw = report.get("bandwidth", {}).get("value")
-    if bw and bw.get("peak_bytes_per_s"):
-        out.append(
-            f"measured device triad {bw['triad_bytes_per_s'] / 1e12:.3g} TB/s = "
-            f"{100 * bw['triad_bytes_per_s'] / bw['peak_bytes_per_s']:.0f}% of the NVML-derived peak "
-            f"{bw['peak_bytes_per_s'] / 1e12:.3g} TB/s"
-        )
-    nv = report.get("nvtx", {}).get("value")
-    if nv:
-        out.append(nv["note"])
-    for r in report.get("tree_build", {}).get("value", []) or []:
-        if (r["batch"], r["budget"]) in ((1, 64), (128, 64)):
-            same = "identical trees" if r["same_trees"] else "DIFFERENT TREES"
-            out.append(
-                f"tree build, batch {r['batch']}, budget {r['budget']}: vectorized {r['vectorized_ms']:.4g} ms vs "
-                f"heapq {r['heap_ms']:.4g} ms with its copy to the host: {r['speedup']:.3g}x "
-                f"[{r['speedup_low']:.3g}, {r['speedup_high']:.3g}], {same}"
-            )
-    for e in report.get("engine", {}).get("value", []) or []:
-        out.append(
-            f"engine {e['mode']} at {e['context']} context: {e['decode_tok_s']:.4g} tok/s; spans' steps sum to "
-            f"{e['spans_step_total_s']:.4g} s of {e['wall_s_synchronised']:.4g} s synchronised wall; verify_forward "
-            f"{e['verify_forward_ms']:.4g} ms = {e['verify_forward_ms'] / e['verify_floor_ms']:.3g}x its floor "
-            f"({e['verify_floor_note']})"
-        )
-    failed = [name for name, sec in report.items() if isinstance(sec, dict) and "error" in sec]
-    if failed:
-        out.append(f"FAILED sections: {', '.join(failed)} (see their errors below)")
-    return out
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def render_markdown(report: dict) -> str:
-    """The report as short markdown: findings first, then each section's figures."""
-    lines = [f"# perfkit gpu-check ({report['meta']['started_at']})", ""]
-    gpus = report.get("environment", {}).get("value", {}).get("gpus", [])
-    for g in gpus:
-        lines.append(
-            f"- GPU {g['index']}: {g['name']}, driver {report['environment']['value'].get('nvidia_driver')}, "
-            f"{_fmt((g.get('memory_total_bytes') or 0) / 2**30)} GiB, peak DRAM "
-            f"{_fmt((g.get('peak_dram_bytes_per_s') or 0) / 1e12)} TB/s"
-        )
-    lines += ["", "## Findings", ""] + [f"- {f}" for f in findings(report)] + [""]
-    kern = report.get("kernels", {}).get("value")
-    if kern:
-        lines += [
-            "## Kernel timing three ways (ms per call)",
-            "",
-            "| kernel | CUDA events | wall, no sync | wall, sync each call | TFLOP/s | GB/s |",
-            "|---|---|---|---|---|---|",
-        ]
-        for k in kern:
-            lines.append(
-                f"| {k['kernel']} | {_fmt(k['events_ms'])} | {_fmt(k['wall_nosync_ms'])} | "
-                f"{_fmt(k['wall_sync_ms'])} | {_fmt(k['tflops'])} | {_fmt(k['gbps'])} |"
-            )
-        lines.append("")
-    for name in ("bandwidth", "spans", "nvtx", "profiler", "tree_build", "engine"):
-        sec = report.get(name)
-        if sec is None:
-            continue
-        lines.append(f"## {name}")
-        lines.append("")
-        if "error" in sec:
-            lines += ["FAILED: " + sec["error"], "", "```", sec.get("traceback", "").rstrip(), "```", ""]
-            continue
-        lines += ["```json", json.dumps(sec["value"], indent=1, default=str)[:4000], "```", ""]
-    lines.append(f"Took {report['meta']['seconds']:.0f} s.")
-    return "\n".join(lines) + "\n"
-
-
 def _section(report: dict, name: str, fn, deadline: float) -> None:
     if time.perf_counter() > deadline:
         report[name] = {"error": "skipped: the 5-minute budget was spent", "traceback": ""}
@@ -448,16 +348,6 @@ def run(out_dir: Path, *, refresh_bandwidth: bool = False, engine: bool = True) 
     write_json(out_dir / "report.json", _plain(report), version=FORMAT_VERSION)
     write_atomic(out_dir / "report.md", render_markdown(report))
     return report
-
-
-def failed_sections(report: dict) -> list[str]:
-    bad = [n for n, s in report.items() if isinstance(s, dict) and "error" in s]
-    for name in ("nvtx", "profiler"):
-        if report.get(name, {}).get("value", {}).get("ok") is False:
-            bad.append(name)
-    if any(not r["same_trees"] for r in report.get("tree_build", {}).get("value", None) or []):
-        bad.append("tree_build")
-    return bad
 
 
 def main(argv: list[str]) -> int:
