@@ -94,10 +94,10 @@ def differ(a: Point, b: Point) -> bool:
     return factor is not None or shift is not None
 
 
-def settled(a: Point, b: Point, confirm: int) -> bool:
-    """Two neighbours in a chain that need no more replicates: told apart, alike (each value inside the
-    other's interval), or both already measured with the replicates a culprit is confirmed with."""
-    if differ(a, b) or min(a.replicates, b.replicates) >= confirm:
+def let_go(a: Point, b: Point, confirm: int) -> bool:
+    """Two neighbours in a chain, not told apart, that need no more replicates: alike (each value inside
+    the other's interval), or both already measured with the replicates a culprit is confirmed with."""
+    if min(a.replicates, b.replicates) >= confirm:
         return True
     return a.usable and b.usable and alike(a.result, b.result)
 
@@ -200,7 +200,12 @@ class Search:
             pairs = list(zip(chain, chain[1:]))
             cut = [(x, y) for x, y in pairs if differ(self.at(x), self.at(y))]
             if cut:  # a pair not told apart is let go only once it looks alike, or has the confirming replicates
-                unsure = {i for x, y in pairs if not settled(self.at(x), self.at(y), self.confirm) for i in (x, y)}
+                unsure = {
+                    i
+                    for x, y in pairs
+                    if (x, y) not in cut and not let_go(self.at(x), self.at(y), self.confirm)
+                    for i in (x, y)
+                }
                 if unsure and self.grow(*sorted(unsure), upto=self.confirm):
                     continue
                 return cut

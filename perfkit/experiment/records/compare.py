@@ -152,8 +152,7 @@ def move(base: HypothesisResult, current: HypothesisResult) -> tuple[float | Non
     a, b = base.measured, current.measured
     if a is None or b is None or not comparable(a, b) or identical(a, b):
         return None, None
-    scale = units.factor(b.unit, a.unit) if a.unit != b.unit else 1.0
-    low, high, value = b.low * scale, b.high * scale, b.value * scale
+    value, low, high = in_unit_of(a, b)
     if low <= a.high and high >= a.low:
         return None, None  # the intervals overlap: no move beyond the noise
     if a.label == "exponent" or a.value <= 0 or value <= 0:
@@ -170,8 +169,7 @@ def alike(base: HypothesisResult, current: HypothesisResult) -> bool:
         return False
     if identical(a, b):
         return True
-    scale = units.factor(b.unit, a.unit) if a.unit != b.unit else 1.0
-    low, high, value = b.low * scale, b.high * scale, b.value * scale
+    value, low, high = in_unit_of(a, b)
     return a.low <= value <= a.high and low <= a.value <= high
 
 
@@ -185,8 +183,14 @@ def identical(a: Measured, b: Measured) -> bool:
     same tokens accepted per step in both runs is no change, whatever the last bit of a float says."""
     if not comparable(a, b):
         return False
-    value = b.value * (units.factor(b.unit, a.unit) if a.unit != b.unit else 1.0)
+    value, _, _ = in_unit_of(a, b)
     return abs(value - a.value) <= RESOLUTION * max(abs(value), abs(a.value))
+
+
+def in_unit_of(a: Measured, b: Measured) -> tuple[float, float, float]:
+    """b's value, low and high in a's unit (the two comparable)."""
+    scale = units.factor(b.unit, a.unit) if a.unit != b.unit else 1.0
+    return b.value * scale, b.low * scale, b.high * scale
 
 
 def comparable(a: Measured, b: Measured) -> bool:
