@@ -33,10 +33,14 @@ TEST_SEED ?= $(shell date +%s)
 TEST_WORKERS ?= 2
 TEST_ORDER = --random-order-bucket=module --random-order-seed=$(TEST_SEED)
 
-test: $(STAMP) lint  ## lint, then the test suite, in a shuffled order
+# every group runs even when an earlier one failed (lint included); `make test` fails at the end, naming them
+test: $(STAMP)  ## lint, then the test suite, in a shuffled order
 	@echo "tests in a shuffled order: make test TEST_SEED=$(TEST_SEED) repeats it"
-	$(BIN)/python -m pytest -q $(TEST_ORDER) -n $(TEST_WORKERS) --dist loadfile -m "not alone"
-	$(BIN)/python -m pytest -q $(TEST_ORDER) -m alone
+	@failed=""; \
+	$(MAKE) --no-print-directory lint || failed="$$failed lint"; \
+	$(BIN)/python -m pytest -q $(TEST_ORDER) -n $(TEST_WORKERS) --dist loadfile -m "not alone" || failed="$$failed parallel"; \
+	$(BIN)/python -m pytest -q $(TEST_ORDER) -m alone || failed="$$failed alone"; \
+	if [ -n "$$failed" ]; then echo "make test: failed:$$failed (TEST_SEED=$(TEST_SEED))"; exit 1; fi
 
 lint: $(STAMP)  ## ruff: formatting and lint rules (pyproject.toml); `make format` applies the formatting
 	$(BIN)/ruff format --check --quiet perfkit tests tests_thirdparty

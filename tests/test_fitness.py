@@ -2,6 +2,8 @@ import pytest
 
 from perfkit.machine import fitness
 
+STRICT = fitness.Limits(mode=fitness.STRICT)
+
 
 def trace(machine_percent, tree_percent, cores=2, interval_s=0.25):
     """Samples every interval_s: the machine's CPU in % of all cores, the probe tree's in % of one core."""
@@ -15,19 +17,35 @@ def trace(machine_percent, tree_percent, cores=2, interval_s=0.25):
 
 
 def test_a_quiet_machine_is_fit_even_when_the_probe_is_busy():
-    assert fitness.unfit(trace([50, 100, 100, 99, 100], [100, 200, 199, 198, 200])) is None
-    assert fitness.unfit(None) is None and fitness.unfit(trace([None], [None])) is None
+    assert fitness.unfit(trace([50, 100, 100, 99, 100], [100, 200, 199, 198, 200]), limits=STRICT) is None
+    assert fitness.unfit(None) is None and fitness.unfit(trace([None], [None]), limits=STRICT) is None
 
 
-def test_another_process_on_a_core_makes_the_replicate_unfit():
+def test_another_process_on_a_core_makes_the_replicate_unfit_when_strict():
     # the probe on one core, a stranger on the other
-    why = fitness.unfit(trace([100] * 9, [100, 100, 95, 100, 100, 100, 100, 100, 100]))
+    busy = trace([100] * 9, [100, 100, 95, 100, 100, 100, 100, 100, 100])
+    why = fitness.unfit(busy, limits=STRICT)
     assert why.startswith("machine busy: 1.0 of 2 cores used by other processes")
+
+
+def test_on_a_shared_machine_load_is_recorded_and_unfit_only_when_no_core_is_left_for_the_threads():
+    busy = trace([100] * 9, [100] * 9)  # the probe's thread on one core, a stranger on the other
+    busy["foreign_processes"] = [{"pid": 1234, "name": "python3", "percent": 98.0}]
+    assert fitness.unfit(busy, threads=1) is None  # the default mode: measured through
+    assert fitness.load(busy) == {"cores": 1.0, "of": 2, "busy_share": 0.0, "top": busy["foreign_processes"]}
+    # two threads on two cores, one of them taken: a thread of its pool has no core of its own
+    assert fitness.unfit(busy, threads=2) == "no free core for its 2 threads: other processes used 1.0 of 2 cores on average"
+    both = trace([100] * 9, [10] * 9)  # strangers on both cores: even one thread waits for the scheduler
+    assert fitness.unfit(both, threads=1).startswith("no free core for its 1 thread: other processes used 1.8 of 2")
+    assert fitness.load(trace([None], [None])) is None
+    said = fitness.load_words([fitness.load(busy), fitness.load(quiet()), None])
+    assert said == "other processes used 1.0 of 2 cores (pid 1234 python3, 98%) during 1 of 3 replicates"
+    assert fitness.load_words([fitness.load(quiet())]) is None  # 0.0 cores is not worth a word
 
 
 def test_a_load_episode_is_caught_even_when_the_mean_is_low():
     quiet, busy = [10] * 9, [100] * 8  # two of five seconds with a whole other core busy
-    why = fitness.unfit(trace(quiet + busy + quiet[:4], [20] * 21))
+    why = fitness.unfit(trace(quiet + busy + quiet[:4], [20] * 21), limits=STRICT)
     assert why is not None and "more than 1 cores 40% of the time" in why
 
 
@@ -35,27 +53,39 @@ def test_a_process_the_tree_finds_late_is_not_foreign_load():
     # the kernel runs a core from the start; the tree finds it at the next scan and counts it in a lump
     machine = [50] * 9
     tree = [0, 0, 0, 400, 100, 100, 100, 100, 100]
-    assert fitness.unfit(trace(machine, tree)) is None
+    assert fitness.unfit(trace(machine, tree), limits=STRICT) is None
 
 
 def test_only_the_time_the_cells_ran_counts():
     t = trace([100] * 5 + [10] * 8, [0] * 5 + [20] * 8)  # a stranger during start-up, then quiet
-    assert fitness.unfit(t) is not None
-    assert fitness.unfit(t, window=(1.25, 3.0)) is None
+    assert fitness.unfit(t, limits=STRICT) is not None
+    assert fitness.unfit(t, window=(1.25, 3.0), limits=STRICT) is None
+    assert fitness.load(t, window=(1.25, 3.0))["cores"] < 0.1
 
 
-def test_the_limits_are_shares_of_the_machine_and_can_be_set():
-    import pytest
-
+def test_the_mode_and_the_limits_are_shares_of_the_machine_and_can_be_set():
     one_core_busy = trace([100 / 16 + 100 / 16] * 9, [100] * 9, cores=16)  # the probe and one stranger, of 16
-    assert fitness.unfit(one_core_busy) is None  # a core of 16 is not a busy machine; of 2 it is
-    assert fitness.unfit(trace([100] * 9, [100] * 9)) is not None
-    strict = fitness.Limits.parse({"foreign_share": 0.05}, "[tool.perfkit] fitness")
-    assert fitness.unfit(one_core_busy, limits=strict).startswith("machine busy: 1.0 of 16 cores")
+    assert fitness.unfit(one_core_busy, limits=STRICT) is None  # a core of 16 is not a busy machine; of 2 it is
+    assert fitness.unfit(trace([100] * 9, [100] * 9), limits=STRICT) is not None
+    limits = fitness.Limits.parse({"foreign_share": 0.05}, "[tool.perfkit] fitness")
+    assert limits.strict  # a table of limits is the strict mode with those limits
+    assert fitness.unfit(one_core_busy, limits=limits).startswith("machine busy: 1.0 of 16 cores")
+    assert fitness.Limits.parse("strict", "f").strict and not fitness.Limits.parse("shared", "f").strict
+    assert not fitness.Limits.parse({"mode": "shared", "episodes": 0.5}, "f").strict
+    assert not fitness.LIMITS.strict  # the default: a shared machine
     with pytest.raises(ValueError, match=r"fitness.foreign_share must be a share from 0 to 1, got 2"):
         fitness.Limits.parse({"foreign_share": 2}, "[tool.perfkit] fitness")
     with pytest.raises(ValueError, match="has no key foreign_cores"):
         fitness.Limits.parse({"foreign_cores": 0.5}, "[tool.perfkit] fitness")
+    with pytest.raises(ValueError, match=r'fitness must be "shared", "strict" or a table of limits, got \'lax\''):
+        fitness.Limits.parse("lax", "[tool.perfkit] fitness")
+
+
+def test_the_default_threads_are_one_on_a_shared_machine_and_the_cores_when_strict(monkeypatch):
+    monkeypatch.setattr(fitness, "cpus", lambda: (0, 1, 2, 3))
+    assert fitness.threads_for(1, {}) == 1 and fitness.threads_for(2, {}) == 1
+    assert fitness.threads_for(1, {}, strict=True) == 4 and fitness.threads_for(2, {}, strict=True) == 2
+    assert fitness.threads_for(1, {"OMP_NUM_THREADS": "3"}) == 3  # the user's own, in either mode
 
 
 def quiet(n=9):
@@ -65,7 +95,8 @@ def quiet(n=9):
 def test_swapping_a_falling_clock_and_a_throttled_or_shared_gpu_are_unfit():
     t = quiet()
     t["swap_bytes"] = [0] * 4 + [64 * 2**20] * 5
-    assert fitness.unfit(t).startswith("swapping: 64 MiB")
+    assert fitness.unfit(t).startswith("swapping: 64 MiB")  # in either mode
+    assert fitness.unfit(t, limits=STRICT).startswith("swapping: 64 MiB")
     t = quiet()
     t["cpu_freq_mhz"] = [3000] * 6 + [1200] * 3
     assert fitness.unfit(t) == "CPU clock fell to 1200 MHz (median 3000 MHz)"
@@ -157,8 +188,10 @@ def test_a_sibling_on_its_own_cpu_is_not_foreign_load_but_a_stranger_on_mine_is(
     for _ in range(3):  # another job that starts during a trace spoils that pair: take another
         beside = trace_with(other)
         on_mine = trace_with(mine)
-        if fitness.unfit(beside) is None:
+        if fitness.unfit(beside, limits=STRICT) is None:
             break
     assert beside["cpus"] == [mine] and beside["logical_cores"] == 1
-    assert fitness.unfit(beside) is None, fitness.foreign_cores(beside)
-    assert (fitness.unfit(on_mine) or "").startswith("machine busy: "), fitness.foreign_cores(on_mine)
+    assert fitness.unfit(beside, limits=STRICT) is None, fitness.foreign_cores(beside)
+    assert (fitness.unfit(on_mine, limits=STRICT) or "").startswith("machine busy: "), fitness.foreign_cores(on_mine)
+    # the stranger on its CPU is named, by pid and name, as the load's maker
+    assert fitness.load(on_mine)["cores"] > 0.5 and any(p["percent"] > 50 for p in on_mine["foreign_processes"])

@@ -1,38 +1,69 @@
-"""Was the machine fit to measure on while a probe ran? Judged from its utilization trace.
+"""Was the machine fit to measure on while a probe ran, and how busy was it? Judged from its utilization trace.
 
-A measurement taken while other work competed for the machine is not evidence: with one of two
-cores taken by another process, torch's threads stall and a mask build went bimodal at 0.3 and
-31 ms. The trace samples the execution's own process tree and the CPUs it runs on (its slot:
-executions running at once each get their own, `slots`, so a sibling is never foreign load, on
-this machine or on a cluster's). Unfit: foreign CPU load (what those CPUs did beyond the tree),
-swapping, the CPU clock falling, a GPU throttled (power cap, thermal or hardware slowdown, as NVML
-reports it) or used by a process outside the tree. Only the time the notebook's cells ran counts.
+The trace samples the execution's own process tree and the CPUs it runs on (its slot: executions
+running at once each get their own, `slots`, so a sibling is never foreign load, on this machine or
+on a cluster's). Foreign CPU load is what those CPUs did beyond the tree; `load` says how much of it
+a replicate had and which processes made it.
+
+Two modes (`[tool.perfkit] fitness`):
+- "shared" (the default): a shared, busy machine is the normal case. A replicate measured while
+  other jobs used the cores is evidence with more noise, not no evidence: its `load` is recorded and
+  the verdict's interval, taken over processes, includes what the load did. A replicate is left out
+  only when it stands apart from the others and its load explains it (perfkit/experiment/run/
+  judging.py). Probes get one thread unless told otherwise, so a neighbour on another core cannot
+  stall a thread pool (two threads on two cores, one of them taken, went bimodal at 0.3 and 31 ms).
+- "strict" (or a table of limits): for a dedicated machine. Foreign load above `Limits` makes a
+  replicate unfit: it waits for free cores, is re-run once, and is left out of the verdict.
+In both modes swapping, the CPU clock falling, a GPU throttled (power cap, thermal or hardware
+slowdown, as NVML reports it) or used by a process outside the tree make a replicate unfit. Only
+the time the notebook's cells ran counts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+SHARED, STRICT = "shared", "strict"
+MODES = (SHARED, STRICT)
+SETTING = "fitness"  # the [tool.perfkit] key, named wherever its behaviour shows
+
 
 @dataclass(frozen=True)
 class Limits:
-    """When foreign load makes a replicate unfit, as shares of the machine's logical cores (so the same
-    limits mean the same on 2 cores and on 64); set in `[tool.perfkit] fitness = {...}`."""
+    """How foreign load is treated: measured through ("shared") or, above these shares of the machine's
+    logical cores (the same limits mean the same on 2 cores and on 64), a replicate unfit ("strict").
+    Set in `[tool.perfkit] fitness = "strict"` or `fitness = {foreign_share = ..., ...}` (strict, those limits)."""
 
     foreign_share: float = 0.25  # mean load of processes outside the probe's tree above this share: unfit
     episode_share: float = 0.5  # a second with foreign load above this share of the cores is a load episode
     episodes: float = 0.25  # ... and more than this share of the seconds in episodes: unfit
+    mode: str = SHARED
+
+    @property
+    def strict(self) -> bool:
+        return self.mode == STRICT
 
     @classmethod
-    def parse(cls, table: dict, where: str) -> Limits:
-        """From a settings table; a ValueError names the key that is wrong."""
+    def parse(cls, value: str | dict, where: str) -> Limits:
+        """From a settings value ("shared", "strict" or a table of limits, which is strict unless its `mode`
+        says otherwise); a ValueError names the key that is wrong."""
+        if isinstance(value, str):
+            if value not in MODES:
+                raise ValueError(f'{where} must be "shared", "strict" or a table of limits, got {value!r}')
+            return cls(mode=value)
+        if not isinstance(value, dict):
+            raise ValueError(f'{where} must be "shared", "strict" or a table of limits, got {value!r}')
         known = {f.name for f in fields(cls)}
-        for key, value in table.items():
+        for key, given in value.items():
             if key not in known:
                 raise ValueError(f"{where} has no key {key} (known: {', '.join(sorted(known))})")
-            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
-                raise ValueError(f"{where}.{key} must be a share from 0 to 1, got {value!r}")
-        return cls(**{k: float(v) for k, v in table.items()})
+            if key == "mode":
+                if given not in MODES:
+                    raise ValueError(f'{where}.mode must be "shared" or "strict", got {given!r}')
+            elif not isinstance(given, int | float) or isinstance(given, bool) or not 0 < given <= 1:
+                raise ValueError(f"{where}.{key} must be a share from 0 to 1, got {given!r}")
+        limits = {k: float(v) for k, v in value.items() if k != "mode"}
+        return cls(**limits, mode=value.get("mode", STRICT if limits else SHARED))
 
 
 LIMITS = Limits()
@@ -108,9 +139,10 @@ def free_cores(*, on: tuple[int, ...] | None = None, seconds: float = 0.2) -> in
     return max(0, int(len(on) - busy + 0.5))
 
 
-def threads_for(jobs: int = 1, environ: dict[str, str] | None = None) -> int:
+def threads_for(jobs: int = 1, environ: dict[str, str] | None = None, *, strict: bool = False) -> int:
     """The CPU threads a run gives each probe execution, decided once (never from the moment's load):
-    the user's OMP_NUM_THREADS when set, else the CPUs this process may use shared by `jobs` at a time."""
+    the user's OMP_NUM_THREADS when set; else, on a shared machine, one (a neighbour on another core
+    cannot stall it); else (strict: a dedicated machine) the CPUs this process may use shared by `jobs`."""
     import os
 
     environ = os.environ if environ is None else environ
@@ -120,7 +152,19 @@ def threads_for(jobs: int = 1, environ: dict[str, str] | None = None) -> int:
                 return int(environ[name])
         except ValueError:
             continue
-    return max(1, len(cpus()) // max(1, jobs))
+    return max(1, len(cpus()) // max(1, jobs)) if strict else 1
+
+
+def threads_said(threads: int, *, given: str | None, strict: bool) -> str:
+    """Why an execution has the threads it has, for the plan line: who set them, or the mode's default."""
+    if given:
+        return f"{threads} threads ({given})"
+    if strict:
+        return f'{threads} threads (fitness = "strict": the CPUs shared by the executions at a time)'
+    return (
+        f"{threads} thread (a shared machine: a neighbour on another core cannot stall it; --threads N, "
+        "OMP_NUM_THREADS or a record's probe.threads sets more)"
+    )
 
 
 def thread_env(threads: int) -> dict[str, str]:
@@ -233,11 +277,35 @@ def _gpus(trace: dict, window: tuple[float, float] | None) -> str | None:
     return None
 
 
-def unfit(trace: dict | None, window: tuple[float, float] | None = None, limits: Limits = LIMITS) -> str | None:
-    """Why the machine was not fit to measure on during this trace (within `window`), or None when it was."""
+def _starved(trace: dict, window: tuple[float, float] | None, threads: int | None) -> str | None:
+    """Why a replicate's threads had no cores of their own: other processes used so many of its CPUs that
+    fewer than its threads were left, on average. Its wall time is then the scheduler's share, not the code's."""
+    load = foreign_cores(trace, window)
+    cores = trace.get("logical_cores") or 1
+    if not load or not threads:
+        return None
+    mean = sum(load) / len(load)
+    if cores - mean >= min(threads, cores) - 0.5:
+        return None
+    return (
+        f"no free core for its {threads} thread{'s' if threads > 1 else ''}: other processes used {mean:.1f} "
+        f"of {cores} cores on average"
+    )
+
+
+def unfit(
+    trace: dict | None,
+    window: tuple[float, float] | None = None,
+    limits: Limits = LIMITS,
+    *,
+    threads: int | None = None,
+) -> str | None:
+    """Why the machine was not fit to measure on during this trace (within `window`), or None when it was.
+    Foreign CPU load makes it unfit in strict mode above the limits; on a shared machine it is `load`,
+    measured through, unless it left the replicate's `threads` no cores of their own."""
     if not trace:
         return None
-    why = _busy(trace, window, limits)
+    why = _busy(trace, window, limits) if limits.strict else _starved(trace, window, threads)
     if why:
         return why
     for check in (_swapping, _clock, _gpus):
@@ -245,3 +313,46 @@ def unfit(trace: dict | None, window: tuple[float, float] | None = None, limits:
         if why:
             return why
     return None
+
+
+TOP_PROCESSES = 3  # the foreign processes a replicate's load names, busiest first
+NOTICEABLE_CORES = 0.1  # foreign load below this many cores is not worth a word
+
+
+def load(trace: dict | None, window: tuple[float, float] | None = None, limits: Limits = LIMITS) -> dict | None:
+    """The foreign CPU load a replicate ran under (within `window`): `cores` used by processes outside its
+    tree on average, of the `of` CPUs it ran on, the share of seconds in which more than `episode_share` of
+    them were (`busy_share`), and the busiest foreign processes over the whole trace (`top`: pid, name and
+    % of one core). None when the trace cannot say."""
+    blocks = foreign_cores(trace or {}, window)
+    if not blocks:
+        return None
+    cores = trace.get("logical_cores") or 1
+    return {
+        "cores": round(sum(blocks) / len(blocks), 3),
+        "of": cores,
+        "busy_share": round(sum(1 for x in blocks if x > limits.episode_share * cores) / len(blocks), 3),
+        "top": list(trace.get("foreign_processes") or [])[:TOP_PROCESSES],
+    }
+
+
+def load_words(loads: list[dict | None], *, count: bool = True) -> str | None:
+    """'other processes used 1.0 of 2 cores (pid 1234 python3, 98%) during 3 of 3 replicates' (without
+    `count`, no 'during'), or None when no replicate had noticeable foreign load."""
+    known = [x for x in loads if x]
+    loaded = [x for x in known if x["cores"] >= NOTICEABLE_CORES]
+    if not loaded:
+        return None
+    mean = sum(x["cores"] for x in loaded) / len(loaded)
+    top: dict[tuple, float] = {}
+    for x in loaded:
+        for p in x.get("top") or []:
+            name = (p.get("pid"), p.get("name"))
+            top[name] = max(top.get(name, 0.0), p.get("percent") or 0.0)
+    busiest = sorted(top.items(), key=lambda kv: -kv[1])[:TOP_PROCESSES]
+    named = ", ".join(f"pid {pid} {name}, {percent:.0f}%" for (pid, name), percent in busiest)
+    return (
+        f"other processes used {mean:.1f} of {loaded[0]['of']} cores"
+        + (f" ({named})" if named else "")
+        + (f" during {len(loaded)} of {len(loads)} replicates" if count else "")
+    )

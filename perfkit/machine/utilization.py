@@ -13,7 +13,8 @@ Format history (`format_version`): 1: first format (the key was `format`); 2: `f
 boot), `cpu_freq_mhz`, `tree_pids` (every process of the tree), and per GPU `throttle_reasons`
 (NVML's bit mask), `temperature_c` and `gpu_pids` (processes using it); `cpus`: the CPUs the
 execution was pinned to, whose load `system_cpu_percent` is (null: the whole machine's), and
-`logical_cores` their count.
+`logical_cores` their count; 4: `foreign_processes`, the busiest processes outside the tree over the
+trace (pid, name, % of one core), for saying who loaded the machine.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from perfkit.machine.devices import nvml
 
 __all__ = ["Sampler", "plot_trace", "busy_cpu_seconds", "FORMAT_VERSION"]
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 
 def busy_cpu_seconds(before, after) -> tuple[float, float]:
@@ -40,6 +41,30 @@ def busy_cpu_seconds(before, after) -> tuple[float, float]:
     idle = lambda t: t.idle + getattr(t, "iowait", 0.0)  # noqa: E731
     total = sum(after) - sum(before)
     return total - (idle(after) - idle(before)), total
+
+
+def _cpu_by_process() -> dict[int, tuple[str, float, float]]:
+    """pid -> (name, CPU seconds, create time) of every process that can be read now."""
+    out = {}
+    for p in psutil.process_iter(["name", "cpu_times", "create_time"]):
+        times = p.info.get("cpu_times")
+        if times is not None:
+            out[p.pid] = (p.info.get("name") or "?", times.user + times.system, p.info.get("create_time") or 0.0)
+    return out
+
+
+def foreign_processes(before: dict, after: dict, *, mine: set[int], seconds: float, top: int = 5) -> list[dict]:
+    """The busiest processes outside `mine` between two `_cpu_by_process` reads `seconds` apart:
+    pid, name and % of one core, busiest first (a pid reused in between counts from its birth)."""
+    busy = []
+    for pid, (name, cpu_s, created) in after.items():
+        if pid in mine:
+            continue
+        then = before.get(pid)
+        used = cpu_s - then[1] if then is not None and then[2] == created else cpu_s
+        if used > 0:
+            busy.append({"pid": pid, "name": name, "percent": round(100.0 * used / max(seconds, 1e-9), 1)})
+    return sorted(busy, key=lambda x: (-x["percent"], x["pid"]))[:top]
 
 
 def _process(pid: int) -> psutil.Process | None:
@@ -218,8 +243,10 @@ class Sampler:
             "cpus": list(self.cpus) if self.cpus else None,
             "gpus": [],
             "gpu_note": None,
+            "foreign_processes": [],
         }
         try:
+            processes = _cpu_by_process()
             tree = _Tree(self.pid, rescan_s=self.rescan_s, also=self.also)
             machine = _MachineCpu(self.cpus)
             with nvml() as nv:
@@ -246,6 +273,9 @@ class Sampler:
                     sample()
                 sample()  # at stop: even a probe shorter than interval_s gets a start and an end
                 trace["tree_pids"] = sorted(tree.ever)
+                mine = tree.ever | {os.getpid()}  # the tree, and the process sampling it
+                seconds = time.perf_counter() - wall0
+                trace["foreign_processes"] = foreign_processes(processes, _cpu_by_process(), mine=mine, seconds=seconds)
         except BaseException as exc:  # surfaced by stop(); a dead sampler must not look like an idle machine
             self._error = exc
         finally:

@@ -7,8 +7,10 @@ Keys:
 - `code = ["src", "ownlib", "numpy", ...]`: what the code under test is, as paths under the project
   root and installed distribution names (default: the whole working tree and every installed
   distribution; perfkit/experiment/records/code.py);
-- `fitness = {foreign_share = 0.25, episode_share = 0.5, episodes = 0.25}`: when other processes'
-  load makes a replicate unfit, as shares of the machine's cores (perfkit/machine/fitness.py).
+- `fitness = "shared"` (the default: other processes' load is recorded per replicate and measured
+  through), `"strict"` (a dedicated machine: load above the limits makes a replicate unfit), or a table
+  of strict limits, `{foreign_share = 0.25, episode_share = 0.5, episodes = 0.25}`, as shares of the
+  machine's cores (perfkit/machine/fitness.py).
 An unknown key is refused, naming the file: a typo must not silently change what is measured.
 """
 
@@ -111,13 +113,10 @@ def read(project: Project) -> Settings:
         not isinstance(code, list) or not all(isinstance(c, str) and c.strip() for c in code) or not code
     ):
         raise UserError(f"{shown}: {label} code must be a list of paths and package names, got {code!r}")
-    limits = table.get("fitness", {})
-    if not isinstance(limits, dict):
-        raise UserError(f"{shown}: {label} fitness must be a table, got {limits!r}")
     try:
-        parsed = fitness.Limits.parse(limits, f"{label} fitness")
+        parsed = fitness.Limits.parse(table.get("fitness", fitness.SHARED), f"{label} fitness")
     except ValueError as exc:
-        raise UserError(f"{shown}: {exc}") from None
+        raise UserError(f"{shown}:{_line(path, 'fitness')}: {exc}") from None
     strip = table.get("strip", [])
     if not isinstance(strip, list) or not all(
         isinstance(k, str) and k.startswith(("metadata.", "cell.metadata.")) and "" not in k.split(".") for k in strip

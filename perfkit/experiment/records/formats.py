@@ -31,6 +31,9 @@ Format history (`format_version`), the same numbers for both files:
   11: an execution that drove a server the run did not start says which process of it it measured, read
      before and after its window of requests (`server_instance`: `before`, `after`, each the server's
      `pid`, rank `pids`, `start_time` where it says them; null: a server the probe started, or not read).
+  12: an execution says the foreign CPU `load` it ran under (`cores` used by processes outside its tree on
+     average, of the `of` CPUs it ran on, the `busy_share` of seconds most of them were, the `top` processes;
+     null: not said): on a shared machine load is measured through, not made unfit.
 Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file is refused.
 """
 
@@ -158,6 +161,13 @@ def _10_to_11(old: dict) -> dict:
     return old
 
 
+def _11_to_12(old: dict) -> dict:
+    """Earlier executions did not say their foreign load (null)."""
+    for x in _executions_in(old):
+        x.setdefault("load", None)
+    return old
+
+
 UPGRADES: dict[int, Callable[[dict], dict]] = {
     1: _1_to_2,
     2: _2_to_3,
@@ -169,4 +179,5 @@ UPGRADES: dict[int, Callable[[dict], dict]] = {
     8: _8_to_9,
     9: _9_to_10,
     10: _10_to_11,
+    11: _11_to_12,
 }

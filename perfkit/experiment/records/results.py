@@ -35,7 +35,7 @@ from perfkit.files import VERSION_KEY, Reader, dumps, encode_number, read_json, 
 from perfkit.paths import Project
 from perfkit.samples import MetricRecord
 
-FORMAT_VERSION = 11
+FORMAT_VERSION = 12
 VERDICTS = ("confirmed", "refuted", "inconclusive", "error")
 PLANNED = "planned"
 STATUSES = (PLANNED, "ok", "error", "timeout", "crashed")
@@ -78,6 +78,20 @@ def _records(r: Reader) -> tuple[MetricRecord, ...]:
     return tuple(MetricRecord.from_json(c) for c in r.children("records"))
 
 
+def _load(r: Reader) -> dict[str, Any] | None:
+    """The foreign load an execution ran under: `cores` (a number of 0 or more) of `of` CPUs, or null."""
+    child = r.child("load", optional=True)
+    if child is None:
+        return None
+    for key in ("cores", "busy_share"):
+        value = child.number(key)
+        if not value >= 0:
+            raise _refuse(child, key, f"expected a number of 0 or more, got {value}")
+    child.get("of", int)
+    child.get("top", list)
+    return child.data
+
+
 # ---------------------------------------------------------------- one probe execution
 
 
@@ -94,6 +108,7 @@ class Execution:
     reused: bool = False  # a later run took it from run_id instead of executing it again
     replicate: int = 0  # which of the execution's independent kernel processes this is
     unfit: str | None = None  # why the machine was not fit to measure on while it ran, if it was not
+    load: dict[str, Any] | None = None  # the foreign CPU load it ran under (machine/fitness.py `load`)
     reason: str | None = None  # why it did not end "ok", with the cell
     cell_index: int | None = None
     ename: str | None = None
@@ -135,6 +150,7 @@ class Execution:
             reused=r.get("reused", bool),
             replicate=r.get("replicate", int),
             unfit=r.get("unfit", str, optional=True),
+            load=_load(r),
             reason=r.get("reason", str, optional=True),
             cell_index=r.get("cell_index", int, optional=True),
             ename=r.get("ename", str, optional=True),

@@ -20,6 +20,7 @@ from perfkit.experiment.records.hypothesis import Hypothesis
 from perfkit.experiment.records.results import Execution, HypothesisResult, MetricSummary
 from perfkit.experiment.records.verdict import UNFIT_REASON, Inconclusive, Judgement, Point, Verdict
 from perfkit.experiment.run import machines, windows
+from perfkit.machine import fitness
 from perfkit.samples import MetricRecord
 
 
@@ -30,8 +31,8 @@ class Evidence:
     executions: tuple[Execution, ...]  # every replicate of every execution the hypothesis reads
     points: tuple[Point, ...] = ()  # the usable replicates' records, merged (empty when none is usable)
     failed: str | None = None  # why a probe did not end well ("error")
-    unfit: str | None = None  # why no replicate can be judged: the machine was busy
-    left_out: str | None = None  # a warning: replicates measured while busy, left out
+    unfit: str | None = None  # why no replicate can be judged: the machine was busy (strict)
+    left_out: str | None = None  # a warning: replicates measured while busy (strict) or that load explains, left out
     problem: str | None = None  # why the records cannot be compared (a unit of another dimension)
 
 
@@ -92,26 +93,117 @@ def failure_reason(execution: Execution) -> str:
     return execution.reason or f"{execution.notebook}: {execution.status}"
 
 
+#: a replicate that stands apart from the others (stats.apart) is left out only when other processes used
+#: at least this many cores more while it ran than the others' median: the load explains it
+LOAD_EXPLAINS_CORES = 0.25
+
+
+def _record_means(execution: Execution) -> dict[tuple[str, str], float]:
+    """(metric, place) -> the mean of the replicate's samples there."""
+    out = {}
+    for r in execution.records:
+        if r.samples:
+            out[(r.name, json.dumps(r.at or {}, sort_keys=True, default=str))] = sum(r.samples) / len(r.samples)
+    return out
+
+
+def _cores(x: Execution) -> float:
+    return (x.load or {}).get("cores") or 0.0
+
+
+def loaded_outliers(executions: list[Execution]) -> list[tuple[Execution, str]]:
+    """The replicates to leave out because they stand apart and the foreign load explains it: at most one
+    per execution key, each with what was off and by how much, and the load it ran under."""
+    out = []
+    for key in sorted({x.key for x in executions}):
+        reps = sorted((x for x in executions if x.key == key), key=lambda x: x.replicate)
+        if len(reps) < 3 or not any(_cores(x) for x in reps):
+            continue
+        means = [_record_means(x) for x in reps]
+        worst: tuple[float, int, str] | None = None
+        for place in sorted(set.intersection(*(set(m) for m in means))):
+            values = [m[place] for m in means]
+            found = stats.apart(values, log=all(v > 0 for v in values))
+            if found is None:
+                continue
+            i = found[0]
+            others = sorted(_cores(x) for j, x in enumerate(reps) if j != i)
+            if _cores(reps[i]) - others[len(others) // 2] < LOAD_EXPLAINS_CORES:
+                continue
+            rest = [v for j, v in enumerate(values) if j != i]
+            factor = values[i] / (sum(rest) / len(rest)) if all(v > 0 for v in values) else math.nan
+            if worst is None or abs(math.log(factor)) > abs(math.log(worst[0])):
+                worst = (factor, i, place[0])
+        if worst is not None:
+            factor, i, name = worst
+            x = reps[i]
+            others = sorted(_cores(y) for j, y in enumerate(reps) if j != i)
+            out.append(
+                (
+                    x,
+                    (
+                        f"replicate {x.replicate} of {x.label()}: its {name} was {units.format_factor(factor)} "
+                        f"the others' mean while other processes used {_cores(x):.1f} of {x.load.get('of')} cores "
+                        f"(the others: {others[0]:.1f} to {others[-1]:.1f})"
+                    ),
+                )
+            )
+    return out
+
+
 def gather(executions: list[Execution], sweep_param: str | None) -> Evidence:
     """The evidence in the executions: a failure, a busy machine, or the usable replicates' points."""
     every = tuple(executions)
     failed = [x for x in executions if x.status != "ok"]
     if failed:
         return Evidence(every, failed="; ".join(dict.fromkeys(failure_reason(x) for x in failed)))
-    usable, left_out = list(executions), None
+    usable, said = list(executions), []
     unfit = [x for x in executions if x.unfit]
     if unfit:
         usable = [x for x in executions if not x.unfit]
-        said = f"{unfit[0].unfit} during {len(unfit)} of {len(executions)} replicates"
+        why = f"{unfit[0].unfit} during {len(unfit)} of {len(executions)} replicates"
         keys = {x.key for x in executions}
         if any(sum(1 for x in usable if x.key == k) * 2 < sum(1 for x in executions if x.key == k) for k in keys):
-            return Evidence(every, unfit=f"{UNFIT_REASON}: {said}")
-        left_out = f"left out {len(unfit)} of {len(executions)} replicates: {said}"
+            return Evidence(every, unfit=f"{UNFIT_REASON}: {why}")
+        said.append(f"left out {len(unfit)} of {len(executions)} replicates: {why}")
+    outliers = loaded_outliers(usable)
+    if outliers:
+        usable = [x for x in usable if all(x is not y for y, _ in outliers)]
+        said.append("left out, as the load explains it: " + "; ".join(why for _, why in outliers))
+    left_out = "; ".join(said) or None
     try:
         points = tuple(merge_points(usable, sweep_param))
     except UserError as exc:  # a unit mismatch between records is a mistake to fix, not evidence
         return Evidence(every, left_out=left_out, problem=f"cannot compare: {exc}")
     return Evidence(every, points=points, left_out=left_out)
+
+
+def what_would_decide(judgement: Judgement, executions: tuple[Execution, ...]) -> Judgement:
+    """An undecided verdict says the load it was measured under, and what would decide it then."""
+    words = fitness.load_words([x.load for x in executions if x.status == "ok"])
+    if judgement.verdict is not Verdict.INCONCLUSIVE or words is None or judgement.measured is None:
+        return judgement
+    needed = f"about {judgement.needed} replicates would likely decide it at that load, or" if judgement.needed else ""
+    return replace(judgement, reason=f"{judgement.reason}; {words}: {needed} a quieter machine would narrow it")
+
+
+def _measured_through(hypothesis: Hypothesis, evidence: Evidence, confidence: float) -> str:
+    """What the unfit replicates say when measured through (strict mode refused them): the interval they
+    give and whether it decides, so that the user knows what the shared mode would have said."""
+    try:
+        sweep = hypothesis.probe.sweep
+        points = merge_points(list(evidence.executions), sweep.param if sweep else None)
+        through = hypothesis.expect.judge(points, confidence=confidence)
+    except (Inconclusive, UserError, ValueError):
+        return ""
+    if through.measured is None:
+        return ""
+    decided = through.verdict.value if through.verdict is not Verdict.INCONCLUSIVE else "still undecided"
+    more = f" (about {through.needed} replicates at that load would likely decide it)" if through.needed else ""
+    return (
+        f"; measured through the load, these replicates give {through.measured.text()}: {decided}{more}; "
+        f'fitness = "shared" in [tool.perfkit] (the default) measures through load, or a quieter machine'
+    )
 
 
 def _verdict(hypothesis: Hypothesis, evidence: Evidence, confidence: float) -> Judgement:
@@ -121,7 +213,8 @@ def _verdict(hypothesis: Hypothesis, evidence: Evidence, confidence: float) -> J
     if not evidence.executions:
         return Judgement(verdict=Verdict.INCONCLUSIVE, reason="the probe was not executed", expected=expect.expected())
     if evidence.unfit:
-        return Judgement(verdict=Verdict.INCONCLUSIVE, reason=evidence.unfit, expected=expect.expected())
+        reason = evidence.unfit + _measured_through(hypothesis, evidence, confidence)
+        return Judgement(verdict=Verdict.INCONCLUSIVE, reason=reason, expected=expect.expected())
     if evidence.problem:
         return Judgement(verdict=Verdict.ERROR, reason=evidence.problem, expected=expect.expected())
     two_servers, on_servers = windows.judged(list(evidence.executions))
@@ -144,7 +237,7 @@ def _verdict(hypothesis: Hypothesis, evidence: Evidence, confidence: float) -> J
     said = ([evidence.left_out] if evidence.left_out else []) + on_servers
     if said:
         judgement = replace(judgement, warnings=(*said, *judgement.warnings))
-    return _finite(judgement)
+    return what_would_decide(_finite(judgement), evidence.executions)
 
 
 def _finite(judgement: Judgement) -> Judgement:

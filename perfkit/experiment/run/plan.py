@@ -223,6 +223,7 @@ class Basis:
     environment: dict[str, Any]  # environment_key(), and the cluster when there is one
     code: Callable[[tuple[str, ...]], CodeState]  # the code under test, given a record's probe.code
     replicates: int = 1  # planned per execution, unless a record's probe.replicates asks more
+    strict: bool = False  # fitness = "strict": a dedicated machine, whose cores the default threads use
 
 
 def _params(h: Hypothesis, declared: dict | str, options: RunOptions, used: set[str]) -> dict[str, Any]:
@@ -276,7 +277,7 @@ def plan(
         code = code_cells(sources[h.probe.notebook])
         notebooks[h.probe.notebook] = hashlib.sha256(code).hexdigest()[:16]
         under_test = basis.code(h.probe.code)
-        threads = h.probe.threads or options.threads or fitness.threads_for(options.at_once())
+        threads = h.probe.threads or options.threads or fitness.threads_for(options.at_once(), strict=basis.strict)
         environment = {**basis.environment, "threads": threads}  # the treatment, the same for every replicate
         keys = []
         for point in _points(h, params, quick=quick, overrides=overrides, note=note):

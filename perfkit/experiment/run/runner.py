@@ -9,6 +9,7 @@ policy, replicates.py, adds replicates) -> write (write.py). The run's folder an
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from perfkit.experiment.run.judging import Evidence, Judged, judged
 from perfkit.experiment.run.options import RunOptions
 from perfkit.experiment.run.plan import Basis, environment_key, plan, source_tree_hash
 from perfkit.experiment.run.write import Written, say_verdicts, write
-from perfkit.machine import devices, pace, snapshot
+from perfkit.machine import devices, fitness, pace, snapshot
 from perfkit.paths import Project
 
 __all__ = ["RunOptions", "RunReport", "run"]
@@ -93,8 +94,9 @@ def _start(
     if client is not None:  # measured elsewhere: never the same measurement as one made here
         environment["cluster"] = options.cluster
         say(f"cluster {options.cluster}: {remote.where(client)}")
-    basis = Basis(source_hash, environment, code_for, replicates=policy.first)
+    basis = Basis(source_hash, environment, code_for, replicates=policy.first, strict=limits.strict)
     the_plan = plan(project, hypotheses, options, basis, note=say)
+    say(_threads_line(options, limits))
     first = _first_round(project, hypotheses, options, policy, the_plan, basis)
     the_plan = first.plan
     for line in first.lines:
@@ -120,6 +122,20 @@ def _start(
         say(f"run {killed} was killed while running (its process is gone): its manifest now says so")
     manifest["environment"] = snapshot.snapshot(root=project.code_root, import_torch=False)  # the probes import it
     return ctx, manifest
+
+
+def _threads_line(options: RunOptions, limits: fitness.Limits) -> str:
+    """The threads every execution gets and why, said once per run (the count is in every key)."""
+    environ = next((f"{n}={os.environ[n]}" for n in fitness.THREAD_VARIABLES if os.environ.get(n)), None)
+    threads = options.threads or fitness.threads_for(options.at_once(), strict=limits.strict)
+    said = fitness.threads_said(threads, given="--threads" if options.threads else environ, strict=limits.strict)
+    how = (
+        "strict: a replicate measured while other processes use its cores is unfit"
+        if limits.strict
+        else "shared: other processes' load is recorded per replicate and measured through "
+        '(fitness = "strict" refuses it)'
+    )
+    return f"threads: {said}, unless a record's probe.threads says its own; fitness {how}"
 
 
 def _first_round(

@@ -7,7 +7,8 @@ landing on one. An execution runs here, `--jobs` at a time, or on a Dask cluster
 copy under runs/<run-id>/probes/, shipped to the cluster), in notebooks/ as its working directory.
 Either way it comes back as an `execute.Ended` and is finished the same way: fitness judged from
 its utilization trace, its files written, one line printed.
-A replicate measured on a busy machine is re-run once at the end of the look.
+On a shared machine (the default) other processes' load is recorded with each replicate and measured
+through; with `fitness = "strict"` a replicate measured on a busy machine is re-run once at the end of the look.
 """
 
 from __future__ import annotations
@@ -70,7 +71,12 @@ def finish(exec_dir: Path, ended: executor.Ended, *, tag: str, ctx: RunContext) 
     """After an execution, wherever it ran: fitness from its trace, its files, one line saying how it ended."""
     execution = ended.execution
     if ended.trace is not None:
-        execution = replace(execution, unfit=fitness.unfit(ended.trace, ended.window(), ctx.limits))
+        window = ended.window()
+        execution = replace(
+            execution,
+            unfit=fitness.unfit(ended.trace, window, ctx.limits, threads=execution.threads),
+            load=fitness.load(ended.trace, window, ctx.limits),
+        )
         write_atomic(exec_dir / "utilization.json", dumps(json.loads(json.dumps(ended.trace, default=str))))
         utilization.plot_trace(ended.trace, exec_dir / "utilization.png", intervals=list(ended.cells))
     write_execution(exec_dir / "execution.json", execution)
@@ -80,9 +86,10 @@ def finish(exec_dir: Path, ended: executor.Ended, *, tag: str, ctx: RunContext) 
     setup = (
         "" if execution.setup_s is None else f" (set-up {execution.setup_s:.1f} s{', warm' if execution.warm else ''})"
     )
+    loaded = fitness.load_words([execution.load], count=False)
     ctx.say(
         f"{tag} finished {label(execution)}{on}  {execution.wall_s:.1f} s{setup}  {status}: {detail}"
-        + (f"  UNFIT: {execution.unfit}" if execution.unfit else "")
+        + (f"  UNFIT: {execution.unfit}" if execution.unfit else f"  ({loaded})" if loaded else "")
     )
     return execution
 
@@ -97,7 +104,8 @@ def _execute_one(ctx: RunContext, planned: Execution, kernels: Kernels, slots: q
 
 
 def _threads(ctx: RunContext, planned: Execution) -> int:
-    return planned.threads or fitness.threads_for(ctx.options.jobs)  # decided by the plan, for every replicate
+    """Decided by the plan, for every replicate."""
+    return planned.threads or fitness.threads_for(ctx.options.jobs, strict=ctx.limits.strict)
 
 
 def _on_slot(ctx: RunContext, planned: Execution, kernels: Kernels, cpus: tuple[int, ...], *, tag: str) -> Execution:
@@ -106,7 +114,7 @@ def _on_slot(ctx: RunContext, planned: Execution, kernels: Kernels, cpus: tuple[
     threads = _threads(ctx, planned)
     template = kernels.templates.get(threads)
     kernel_dir = kernels.warm if template is not None else kernels.fresh
-    waited = fitness.wait_for_cores(threads, on=cpus)
+    waited = fitness.wait_for_cores(threads, on=cpus) if ctx.limits.strict else 0.0  # shared: measured through
     env = fitness.thread_env(threads)
     profiled = profiling.prepare(ctx.options.profile, ctx.probes[planned.notebook], exec_dir)
     if profiled.kernel_prefix:  # the kernel itself runs under the profiler: a kernelspec of its own
@@ -180,7 +188,7 @@ def _time_left(ctx: RunContext) -> str:
 
 def _slots(ctx: RunContext, batch: list[Execution]) -> queue.Queue:
     """One slot of CPUs per execution running at once: `--jobs` of them when each gets its threads' cores."""
-    threads = max((x.threads or fitness.threads_for(ctx.options.jobs) for x in batch), default=1)
+    threads = max((_threads(ctx, x) for x in batch), default=1)
     available = fitness.cpus()
     wanted = max(1, min(ctx.options.jobs, len(batch)))
     at_once = fitness.at_once(wanted, threads, len(available))
