@@ -183,8 +183,61 @@ def what_would_decide(judgement: Judgement, executions: tuple[Execution, ...]) -
     words = fitness.load_words([x.load for x in executions if x.status == "ok"])
     if judgement.verdict is not Verdict.INCONCLUSIVE or words is None or judgement.measured is None:
         return judgement
-    needed = f"about {judgement.needed} replicates would likely decide it at that load, or" if judgement.needed else ""
-    return replace(judgement, reason=f"{judgement.reason}; {words}: {needed} a quieter machine would narrow it")
+    needed = f"about {judgement.needed} replicates would likely decide it at that load, or " if judgement.needed else ""
+    return replace(judgement, reason=f"{judgement.reason}; {words}: {needed}a quieter machine would narrow it")
+
+
+#: how much slower a neighbour can make a probe whose threads keep cores of their own, per share of the
+#: machine it takes: the caches, memory bandwidth and turbo budget they share, and a burst the scheduler
+#: puts on the probe's core now and then
+SHARED_SLOWDOWN = 0.2
+
+
+def _may_slow(x: Execution) -> float:
+    """How many times slower foreign load may have made this replicate: its share of the machine times
+    SHARED_SLOWDOWN, plus, where it left the replicate's threads fewer cores than they are, the time they waited."""
+    load = x.load or {}
+    of = load.get("of") or 1
+    threads = min(x.threads or 1, of)
+    starved = max(0.0, _cores(x) - (of - threads)) / threads
+    return 1 + SHARED_SLOWDOWN * _cores(x) / of + starved
+
+
+def load_may_explain(hypothesis: Hypothesis, judgement: Judgement, executions: tuple[Execution, ...]) -> Judgement:
+    """A claim on an absolute time or rate, decided the way foreign load pushes it (slower), is undecided
+    unless the interval clears the edge with what the load may have done to spare (`_may_slow`, the mean
+    over replicates). Comparisons (speedups, shares, a ratio to a floor measured in the same process) are
+    judged within the process, where the load slows both sides alike, and are left as they are."""
+    from perfkit.experiment.records.kinds.value import _Value
+
+    expect, m = hypothesis.expect, judgement.measured
+    decided = judgement.verdict in (Verdict.CONFIRMED, Verdict.REFUTED)
+    if not decided or m is None or not isinstance(expect, _Value) or expect.floor is not None:
+        return judgement
+    ok = [x for x in executions if x.status == "ok"]
+    slower = sum(_may_slow(x) for x in ok) / max(1, len(ok))
+    dim = units.dimension(m.unit)
+    if slower < 1.01 or dim not in units.LOWER_IS_FASTER | units.HIGHER_IS_FASTER:
+        return judgement
+    low, high = (m.low / slower, m.high) if dim in units.LOWER_IS_FASTER else (m.low, m.high * slower)
+    at_least, at_most = expect.edges()
+    inside = (at_least is None or low >= at_least) and (at_most is None or high <= at_most)
+    outside = (at_least is not None and high < at_least) or (at_most is not None and low > at_most)
+    if (judgement.verdict is Verdict.CONFIRMED and inside) or (judgement.verdict is Verdict.REFUTED and outside):
+        return judgement
+    words = fitness.load_words([x.load for x in ok]) or "other processes used the machine"
+    quiet = f"[{units.format_number(low)}, {units.format_number(high)}]"
+    return replace(
+        judgement,
+        verdict=Verdict.INCONCLUSIVE,
+        off_by=None,
+        needed=None,
+        reason=(
+            f"{m.text()} was measured while {words}: load only slows a probe, by up to {slower:.2g}x at that "
+            f"load, and {quiet} would not decide it. A quieter machine would, or a claim against a baseline "
+            "or a floor measured in the same process (load slows both alike)"
+        ),
+    )
 
 
 def _measured_through(hypothesis: Hypothesis, evidence: Evidence, confidence: float) -> str:
@@ -237,7 +290,9 @@ def _verdict(hypothesis: Hypothesis, evidence: Evidence, confidence: float) -> J
     said = ([evidence.left_out] if evidence.left_out else []) + on_servers
     if said:
         judgement = replace(judgement, warnings=(*said, *judgement.warnings))
-    return what_would_decide(_finite(judgement), evidence.executions)
+    judgement = _finite(judgement)
+    explained = load_may_explain(hypothesis, judgement, evidence.executions)
+    return explained if explained is not judgement else what_would_decide(judgement, evidence.executions)
 
 
 def _finite(judgement: Judgement) -> Judgement:
