@@ -25,6 +25,7 @@ _PUBLIC = {
     "enabled": "perfkit.probe.spans",
     "set_enabled": "perfkit.probe.spans",
     "bench": "perfkit.probe.timing",
+    "interleave": "perfkit.probe.timing",
     "steady_allocator": "perfkit.probe.allocator",
     "load_hypotheses": "perfkit.experiment.records.hypothesis",
     "Verdict": "perfkit.experiment.records.verdict",

@@ -1,7 +1,11 @@
 """Explicit units: every recorded metric and every expected value names one, and they are checked.
 
 A hypothesis written in ms can be judged against samples recorded in s (same dimension), never
-against bytes. Numbers are formatted here too, so the ledger, plots and CLI all print them alike.
+against bytes. Three clocks are three dimensions: wall time (`ms`), the CPU time of the probe's own
+process (`cpu_ms`: what another job on the machine does not add to, as long as the probe has a core)
+and instructions counted under a CPU simulator (`instr`: what load cannot move at all). A claim in
+milliseconds is never judged in CPU time or instructions, nor the other way round. Numbers are
+formatted here too, so the ledger, plots and CLI all print them alike.
 """
 
 from __future__ import annotations
@@ -18,6 +22,14 @@ _UNITS: dict[str, tuple[str, float]] = {
     "ms": ("time", 1e-3),
     "s": ("time", 1.0),
     "min": ("time", 60.0),
+    "cpu_ns": ("cpu_time", 1e-9),
+    "cpu_us": ("cpu_time", 1e-6),
+    "cpu_ms": ("cpu_time", 1e-3),
+    "cpu_s": ("cpu_time", 1.0),
+    "instr": ("instructions", 1.0),
+    "Kinstr": ("instructions", 1e3),
+    "Minstr": ("instructions", 1e6),
+    "Ginstr": ("instructions", 1e9),
     "B": ("bytes", 1.0),
     "KB": ("bytes", 1e3),
     "MB": ("bytes", 1e6),
@@ -48,7 +60,7 @@ _UNITS: dict[str, tuple[str, float]] = {
 }
 
 #: Dimensions where a smaller number means faster (a speedup is baseline / candidate).
-LOWER_IS_FASTER = frozenset({"time"})
+LOWER_IS_FASTER = frozenset({"time", "cpu_time", "instructions"})
 #: Dimensions where a larger number means faster (a speedup is candidate / baseline).
 HIGHER_IS_FASTER = frozenset({"token_rate", "request_rate", "bandwidth", "flop_rate"})
 

@@ -12,6 +12,7 @@ from repos import git
 from perfkit.errors import UserError
 from perfkit.experiment.records import code, config
 from perfkit.experiment.run.kernel import on_path, project_root
+from perfkit.machine import fitness
 from perfkit.paths import Project
 
 
@@ -124,8 +125,14 @@ def test_settings_are_read_from_tool_perfkit_and_unknown_keys_refused(tmp_path):
         config.read(project)
     (tmp_path / "pyproject.toml").write_text("[tool.perfkit]\nfitness = {foreign_share = 0.1}\n")
     assert config.read(project).fitness.foreign_share == 0.1 and config.read(project).fitness.episodes == 0.25
+    assert config.read(project).fitness.strict  # limits are the strict mode's
+    (tmp_path / "pyproject.toml").write_text('[tool.perfkit]\nfitness = "strict"\n')
+    assert config.read(project).fitness == fitness.Limits(mode="strict")
     (tmp_path / "pyproject.toml").write_text("[tool.perfkit]\nfitness = {foreign_share = 0}\n")
-    with pytest.raises(UserError, match=r"pyproject.toml: \[tool.perfkit\] fitness.foreign_share must be a share"):
+    with pytest.raises(UserError, match=r"pyproject.toml:2: \[tool.perfkit\] fitness.foreign_share must be a share"):
+        config.read(project)
+    (tmp_path / "pyproject.toml").write_text('[tool.perfkit]\ncode = ["src"]\nfitness = "idle"\n')
+    with pytest.raises(UserError, match=r'pyproject.toml:3: \[tool.perfkit\] fitness must be "shared", "strict" or'):
         config.read(project)
 
 

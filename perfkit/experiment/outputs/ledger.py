@@ -27,6 +27,7 @@ from perfkit.experiment.records.history import Entry, attempt, before, history, 
 from perfkit.experiment.records.hypothesis import load_hypotheses
 from perfkit.experiment.records.results import RunResults, load_all_results
 from perfkit.files import write_atomic
+from perfkit.machine import fitness
 from perfkit.paths import Project
 
 HEADER = (
@@ -134,6 +135,15 @@ def _section(hid: str, runs: list[Entry]) -> list[str]:
     return lines
 
 
+def _load_words(run: RunResults) -> str:
+    """'; other processes used 0.9 of 2 cores (pid 812 python3, 97%) during 40 of 43 replicates': the
+    foreign load of the replicates this run measured itself (those it reused say theirs in their own run)."""
+    own = {x.id: x for r in run.hypotheses for x in r.executions if x.run_id == run.run_id and not x.reused}
+    loads = [x.load for x in own.values() if x.load]
+    words = fitness.load_words(loads) if loads else None
+    return f"; {words}" if words else ""
+
+
 def render(all_results: list[RunResults]) -> str:
     """The ledger text. Depends on the results only: same results, same bytes."""
     entries = history(all_results)
@@ -165,6 +175,7 @@ def render(all_results: list[RunResults]) -> str:
         servers = sorted({served.measured_by(x.server) for r in run.hypotheses for x in r.executions if x.server})
         if servers:
             count += "; served by " + "; ".join(servers)
+        count += _load_words(run)
         lines.append("- " + cell(f"{run_id}: {run.created}, {run_words(run)}; {machine}{count}"))
     floors = [(hid, standing(runs).result.floor) for hid, runs in entries.items() if standing(runs).result.floor]
     if floors:

@@ -33,7 +33,8 @@ Format history (`format_version`), the same numbers for both files:
      `pid`, rank `pids`, `start_time` where it says them; null: a server the probe started, or not read).
   12: an execution says the foreign CPU `load` it ran under (`cores` used by processes outside its tree on
      average, of the `of` CPUs it ran on, the `busy_share` of seconds most of them were, the `top` processes;
-     null: not said): on a shared machine load is measured through, not made unfit.
+     null: not said): on a shared machine load is measured through, not made unfit; a result's `measured`
+     says how a comparison's arms were `paired` (null: one quantity, or not said).
 Older files are upgraded on load by UPGRADES (version n -> n + 1); a newer file is refused.
 """
 
@@ -162,7 +163,15 @@ def _10_to_11(old: dict) -> dict:
 
 
 def _11_to_12(old: dict) -> dict:
-    """Earlier executions did not say their foreign load (null)."""
+    """Earlier executions did not say their foreign load, nor measurements how their arms were paired (null)."""
+    for h in old.get("hypotheses", []):
+        if isinstance(h, dict):
+            for m in [
+                h.get("measured"),
+                *(p.get("measured") for p in h.get("per_machine") or [] if isinstance(p, dict)),
+            ]:
+                if isinstance(m, dict):
+                    m.setdefault("paired", None)
     for x in _executions_in(old):
         x.setdefault("load", None)
     return old

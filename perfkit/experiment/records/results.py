@@ -316,6 +316,7 @@ def _measured(m: Reader) -> Measured:
         log=m.get("log", bool, optional=True),
         machines=m.get("machines", int, optional=True),
         between_machines=m.number("between_machines", optional=True),
+        paired=m.get("paired", str, optional=True),
     )
 
 

@@ -35,6 +35,7 @@ class Measured:
     log: bool | None = None  # the interval was taken on the log scale
     machines: int | None = None  # machines the interval was taken over, each one unit (None: one machine)
     between_machines: float | None = None  # the machines' own spread, as a share of the value (format 10 on)
+    paired: str | None = None  # how a comparison's arms were paired: "within each process: ..." (format 12 on)
 
     def text(self) -> str:
         """'0.18 ms [0.16, 0.21]', 'share 2.47% [1.05, 4.17]': the one way a measured value is written."""
@@ -56,6 +57,7 @@ class Measured:
         level = ""
         if self.confidence is not None and abs(self.confidence - 0.95) > 1e-9:
             level = f"; a {self.level()} interval (its look's share of the 5%: the run could look again)"
+        level += f"; {self.paired}" if self.paired else ""
         if self.replicates == 1:
             return f"1 process{per}{level}"
         if self.machines and self.machines > 1:

@@ -193,13 +193,17 @@ def what_would_decide(judgement: Judgement, executions: tuple[Execution, ...]) -
 SHARED_SLOWDOWN = 0.2
 
 
-def _may_slow(x: Execution) -> float:
-    """How many times slower foreign load may have made this replicate: its share of the machine times
-    SHARED_SLOWDOWN, plus, where it left the replicate's threads fewer cores than they are, the time they waited."""
+def _may_slow(x: Execution, dim: str) -> float:
+    """How many times slower foreign load may have made this replicate, in a quantity of dimension `dim`:
+    its share of the machine times SHARED_SLOWDOWN, plus, in wall time and rates, where it left the
+    replicate's threads fewer cores than they are, the time they waited for one (CPU time does not count
+    the wait). Instructions counted under a simulator are not moved at all."""
+    if dim == "instructions":
+        return 1.0
     load = x.load or {}
     of = load.get("of") or 1
     threads = min(x.threads or 1, of)
-    starved = max(0.0, _cores(x) - (of - threads)) / threads
+    starved = max(0.0, _cores(x) - (of - threads)) / threads if dim != "cpu_time" else 0.0
     return 1 + SHARED_SLOWDOWN * _cores(x) / of + starved
 
 
@@ -215,8 +219,8 @@ def load_may_explain(hypothesis: Hypothesis, judgement: Judgement, executions: t
     if not decided or m is None or not isinstance(expect, _Value) or expect.floor is not None:
         return judgement
     ok = [x for x in executions if x.status == "ok"]
-    slower = sum(_may_slow(x) for x in ok) / max(1, len(ok))
     dim = units.dimension(m.unit)
+    slower = sum(_may_slow(x, dim) for x in ok) / max(1, len(ok))
     if slower < 1.01 or dim not in units.LOWER_IS_FASTER | units.HIGHER_IS_FASTER:
         return judgement
     low, high = (m.low / slower, m.high) if dim in units.LOWER_IS_FASTER else (m.low, m.high * slower)

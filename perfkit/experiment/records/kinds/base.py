@@ -164,7 +164,7 @@ def samples(point: Point, unit: str | None, min_samples: int) -> list[list[float
     bad = sum(1 for s in every if not math.isfinite(s))
     if bad:
         raise Inconclusive(f"{bad} of {len(every)} samples of {point.name} are NaN or infinite")
-    if units.dimension(point.unit) == "time" and min(every) < 0:
+    if units.dimension(point.unit) in units.LOWER_IS_FASTER and min(every) < 0:
         raise UserError(f"{point.name} has negative durations ({min(every):g} {point.unit}): the probe mis-measured")
     fewest = min(len(r) for r in point.replicates)
     if fewest < min_samples:
@@ -183,9 +183,11 @@ def measured(
     *,
     scale: float = 1.0,
     between: list[list[float]] | None = None,
+    paired: str | None = None,
 ) -> Measured:
     """The verdict's measured quantity (times `scale`, e.g. 100 for a share in %) and what it rests on,
-    with the spread of its unit estimates, from which a later run forecasts what deciding it takes."""
+    with the spread of its unit estimates, from which a later run forecasts what deciding it takes;
+    `paired`: how a comparison's arms were paired (`pairing`)."""
     finite = math.isfinite(est.spread)
     return Measured(
         label=label,
@@ -201,7 +203,16 @@ def measured(
         log=est.log,
         machines=est.machines if est.machines > 1 else None,
         between_machines=est.between_machines,
+        paired=paired,
     )
+
+
+def pairing(est: stats.Estimate, what: str) -> str:
+    """'arms paired within each of 5 processes (each one's ratio of its arms' means), pooled over them': how
+    a comparison was estimated, so that a reader knows load and a process's own state hit both sides alike."""
+    if est.replicates == 1:
+        return f"arms paired within one process ({what}, over batches of its samples)"
+    return f"arms paired within each of {est.replicates} processes ({what}), pooled over them"
 
 
 def _kind(warning: str) -> str:

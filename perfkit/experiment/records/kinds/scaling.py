@@ -20,6 +20,7 @@ from perfkit.experiment.records.kinds.base import (
     machines_of,
     mean,
     measured,
+    pairing,
     samples,
     warnings_for,
 )
@@ -94,7 +95,7 @@ class Scaling(Expect):
             reason=why,
             needed=needed,
             expected=self.expected(),
-            measured=measured("exponent", None, est),
+            measured=measured("exponent", None, est, paired=pairing(est, "each one's own sweep, fitted")),
             off_by=(
                 f"{units.format_number(abs(diff), 2)} {'above' if diff >= 0 else 'below'} "
                 f"the expected exponent {self._claim()}"

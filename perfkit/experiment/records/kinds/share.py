@@ -19,6 +19,7 @@ from perfkit.experiment.records.kinds.base import (
     measured,
     off_range,
     one,
+    pairing,
     positive,
     range_text,
     read_range,
@@ -102,7 +103,14 @@ class Share(Expect):
             reason=why,
             needed=needed,
             expected=self.expected(),
-            measured=measured("share", "%", est, scale=100, between=part_samples),
+            measured=measured(
+                "share",
+                "%",
+                est,
+                scale=100,
+                between=part_samples,
+                paired=pairing(est, "each one's part over its own whole"),
+            ),
             off_by=off_range(est.value, self.at_least, self.at_most, _pct, "share"),
             warnings=warnings_for([(part.name, part_samples), (whole.name, whole_samples)])
             + apart_warning(

@@ -18,6 +18,7 @@ from perfkit.experiment.records.kinds.base import (
     measured,
     off_range,
     one,
+    pairing,
     positive,
     range_text,
     read_range,
@@ -83,7 +84,7 @@ class Speedup(Expect):
             reason=why,
             needed=needed,
             expected=self.expected(),
-            measured=measured("speedup", "x", est),
+            measured=measured("speedup", "x", est, paired=pairing(est, "each one's ratio of its arms' means")),
             off_by=off_range(est.value, self.at_least, self.at_most, units.format_factor, "speedup"),
             warnings=warnings_for([(base.name, base_samples), (cand.name, cand_samples)])
             + apart_warning("speedup", [mean(a) / mean(b) for a, b in zip(num, den)], "x", log=positive(num + den)),

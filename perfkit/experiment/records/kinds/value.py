@@ -19,6 +19,7 @@ from perfkit.experiment.records.kinds.base import (
     mean,
     measured,
     one,
+    pairing,
     positive,
     ratio_text,
     read_unit,
@@ -132,7 +133,13 @@ class _Value(Expect):
             reason=why,
             needed=needed,
             expected=self.expected(floor),
-            measured=measured(f"ratio to {self.floor}", "x", est, between=values),
+            measured=measured(
+                f"ratio to {self.floor}",
+                "x",
+                est,
+                between=values,
+                paired=None if exact else pairing(est, "each one's measurement over its own floor"),
+            ),
             off_by=self._off_floor(est.value),
             floor=floor,
             warnings=warnings_for([(self.metric, values)] + ([] if exact else [(self.floor, floors)]))
