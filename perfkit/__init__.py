@@ -26,6 +26,7 @@ _PUBLIC = {
     "set_enabled": "perfkit.probe.spans",
     "bench": "perfkit.probe.timing",
     "interleave": "perfkit.probe.timing",
+    "instructions": "perfkit.probe.instructions",
     "steady_allocator": "perfkit.probe.allocator",
     "load_hypotheses": "perfkit.experiment.records.hypothesis",
     "Verdict": "perfkit.experiment.records.verdict",

@@ -1,6 +1,7 @@
 """Units load cannot move: the CPU time of the probe's process (`clock="cpu"`, unit `cpu_ms`), each its own
 dimension so that a claim in ms is never judged with it; and arms timed in turns (`perfkit.interleave`)."""
 
+import shutil
 import threading
 import time
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 from records import execution, hypothesis
 
+import perfkit
 from perfkit import interleave, units
 from perfkit.errors import UserError
 from perfkit.experiment.records.kinds import expectation
@@ -105,3 +107,16 @@ def test_a_slow_spell_falls_on_both_interleaved_arms_and_the_speedup_says_how_it
         == "arms paired within one process (each one's ratio of its arms' means, over batches of its samples)"
     )
     assert rec
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind (.ci/run installs it)")
+def test_instructions_counted_under_cachegrind_scale_with_the_work_and_name_a_failure():
+    """Twice the additions, about twice the instructions per call, whatever else the machine is doing
+    (the suite's other worker runs beside this test): the count is the simulator's, not the clock's."""
+    once = perfkit.instructions("sum(range(n))", setup="n = 1000", number=100, samples=1)
+    twice = perfkit.instructions("sum(range(n))", setup="n = 2000", number=100, samples=1)
+    assert 1.8 < twice[0] / once[0] < 2.5 and once[0] > 10_000, (once, twice)
+    with pytest.raises(RuntimeError, match="(?s)the statement failed under valgrind.*ZeroDivisionError"):
+        perfkit.instructions("1 / 0", number=1, samples=1)
+    with pytest.raises(SyntaxError):
+        perfkit.instructions("def (", number=1)
