@@ -277,35 +277,13 @@ def _gpus(trace: dict, window: tuple[float, float] | None) -> str | None:
     return None
 
 
-def _starved(trace: dict, window: tuple[float, float] | None, threads: int | None) -> str | None:
-    """Why a replicate's threads had no cores of their own: other processes used so many of its CPUs that
-    fewer than its threads were left, on average. Its wall time is then the scheduler's share, not the code's."""
-    load = foreign_cores(trace, window)
-    cores = trace.get("logical_cores") or 1
-    if not load or not threads:
-        return None
-    mean = sum(load) / len(load)
-    if cores - mean >= min(threads, cores) - 0.5:
-        return None
-    return (
-        f"no free core for its {threads} thread{'s' if threads > 1 else ''}: other processes used {mean:.1f} "
-        f"of {cores} cores on average"
-    )
-
-
-def unfit(
-    trace: dict | None,
-    window: tuple[float, float] | None = None,
-    limits: Limits = LIMITS,
-    *,
-    threads: int | None = None,
-) -> str | None:
+def unfit(trace: dict | None, window: tuple[float, float] | None = None, limits: Limits = LIMITS) -> str | None:
     """Why the machine was not fit to measure on during this trace (within `window`), or None when it was.
-    Foreign CPU load makes it unfit in strict mode above the limits; on a shared machine it is `load`,
-    measured through, unless it left the replicate's `threads` no cores of their own."""
+    Foreign CPU load makes it unfit in strict mode, above the limits; on a shared machine it is `load`,
+    measured through (a verdict on an absolute time allows for what it may have done: run/judging.py)."""
     if not trace:
         return None
-    why = _busy(trace, window, limits) if limits.strict else _starved(trace, window, threads)
+    why = _busy(trace, window, limits) if limits.strict else None
     if why:
         return why
     for check in (_swapping, _clock, _gpus):

@@ -225,10 +225,16 @@ def load_may_explain(hypothesis: Hypothesis, judgement: Judgement, executions: t
         return judgement
     low, high = (m.low / slower, m.high) if dim in units.LOWER_IS_FASTER else (m.low, m.high * slower)
     at_least, at_most = expect.edges()
-    inside = (at_least is None or low >= at_least) and (at_most is None or high <= at_most)
-    outside = (at_least is not None and high < at_least) or (at_most is not None and low > at_most)
-    if (judgement.verdict is Verdict.CONFIRMED and inside) or (judgement.verdict is Verdict.REFUTED and outside):
-        return judgement
+
+    def says(low: float, high: float) -> Verdict:
+        if (at_least is None or low >= at_least) and (at_most is None or high <= at_most):
+            return Verdict.CONFIRMED
+        if (at_least is not None and high < at_least) or (at_most is not None and low > at_most):
+            return Verdict.REFUTED
+        return Verdict.INCONCLUSIVE
+
+    if says(m.low, m.high) is not judgement.verdict or says(low, high) is judgement.verdict:
+        return judgement  # decided otherwise than by this interval (machine by machine), or with room to spare
     words = fitness.load_words([x.load for x in ok]) or "other processes used the machine"
     quiet = f"[{units.format_number(low)}, {units.format_number(high)}]"
     return replace(

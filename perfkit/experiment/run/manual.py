@@ -53,8 +53,9 @@ def _parameters(nb, probe: Path) -> dict[str, Any]:
     return ran | dict(nb.metadata.get("papermill", {}).get("parameters") or {})
 
 
-def fitness_of(project: Project, path: Path, nb) -> tuple[str, str | None]:
-    """(what was judged of the machine, why it was unfit or None) from the trace beside the notebook."""
+def fitness_of(project: Project, path: Path, nb) -> tuple[str, str | None, dict | None]:
+    """(what was judged of the machine, why it was unfit or None, the foreign load it ran under) from the
+    trace beside the notebook."""
     import json
 
     from perfkit.experiment.records import config
@@ -63,15 +64,19 @@ def fitness_of(project: Project, path: Path, nb) -> tuple[str, str | None]:
 
     beside = path.parent / "utilization.json"
     if not beside.is_file():
-        return f"the machine's fitness not judged (no utilization.json beside {path.name})", None
+        return f"the machine's fitness not judged (no utilization.json beside {path.name})", None, None
     try:
         trace = json.loads(beside.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UserError(f"{beside}: not a utilization trace ({exc})") from None
     cells = cell_times(nb)
     window = (min(c[1] for c in cells), max(c[2] for c in cells)) if cells else None
-    why = fitness.unfit(trace, window, config.read(project).fitness)
-    return (f"the machine was not fit ({why}; {beside})" if why else f"the machine was fit ({beside})"), why
+    limits = config.read(project).fitness
+    why, load = fitness.unfit(trace, window, limits), fitness.load(trace, window, limits)
+    if why:
+        return f"the machine was not fit ({why}; {beside})", why, load
+    busy = fitness.load_words([load], count=False)
+    return f"the machine was fit ({busy + ', measured through; ' if busy else ''}{beside})", None, load
 
 
 def judge_notebook(project: Project, path: Path, ids: list[str] | None = None) -> tuple[str, list[HandJudged], str]:
@@ -91,7 +96,7 @@ def judge_notebook(project: Project, path: Path, ids: list[str] | None = None) -
     if not records:
         raise UserError(f"{path}: no perfkit records in its outputs (was it executed and saved?)")
     params = _parameters(nb, project.notebooks_dir / name)
-    machine, unfit = fitness_of(project, path, nb)
+    machine, unfit, load = fitness_of(project, path, nb)
     out = []
     for h in chosen:
         full, quick = dict(h.probe.params), {**h.probe.params, **h.probe.quick}
@@ -103,7 +108,13 @@ def judge_notebook(project: Project, path: Path, ids: list[str] | None = None) -
             key=len,
         )
         execution = Execution(
-            key="by-hand", notebook=name, params={**full, **params}, status="ok", records=records, run_id=None
+            key="by-hand",
+            notebook=name,
+            params={**full, **params},
+            status="ok",
+            records=records,
+            run_id=None,
+            load=load,
         )
         judgement = judge(h, [execution])
         if unfit and judgement.verdict is not Verdict.ERROR:  # measured on a busy machine: not evidence

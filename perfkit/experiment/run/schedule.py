@@ -74,7 +74,7 @@ def finish(exec_dir: Path, ended: executor.Ended, *, tag: str, ctx: RunContext) 
         window = ended.window()
         execution = replace(
             execution,
-            unfit=fitness.unfit(ended.trace, window, ctx.limits, threads=execution.threads),
+            unfit=fitness.unfit(ended.trace, window, ctx.limits),
             load=fitness.load(ended.trace, window, ctx.limits),
         )
         write_atomic(exec_dir / "utilization.json", dumps(json.loads(json.dumps(ended.trace, default=str))))
