@@ -3,8 +3,8 @@ busy loop on one core, and beside a bursty neighbour (3 s on, 3 s off), in a cop
 
     .venv/bin/python benchmarks/busy_machine.py [--only quiet,busy,bursty] [--keep DIR]
 
-Each condition runs `perfkit run --all --quick --force` (everything measured afresh, within the quick budget)
-in its own copy of the project, with the neighbour started first (pinned to the last CPU) and stopped after.
+Each condition runs `perfkit run --all --quick --force` (everything measured afresh, planned from the
+committed ledger within the quick budget, as `make run` in a fresh clone does) in its own copy of the project, with the neighbour started first (pinned to the last CPU) and stopped after.
 It prints, per condition: the wall time, the verdicts, how many replicates were unfit and how many verdicts
 rest on replicates that load made unfit ("discarded"), the mean foreign load the replicates recorded, and
 which verdicts flipped between confirmed and refuted against the quiet run. A benchmark, not a test: the
@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONDITIONS = ("quiet", "busy", "bursty")
-LEFT_BEHIND = ("runs", ".git", ".venv", "LEDGER.md", "ledger", "__pycache__", ".pytest_cache", ".ruff_cache")
+LEFT_BEHIND = ("runs", ".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", "*.egg-info")
 
 NEIGHBOUR = """
 import os, sys, time
@@ -48,7 +48,8 @@ def neighbour(condition: str) -> subprocess.Popen | None:
 
 
 def copy_project(into: Path) -> Path:
-    """This repository without its runs, ledger and environments: what a fresh clone measures."""
+    """This repository without its runs and environments: what `make run` in a fresh clone measures (the
+    committed ledger is there: the run plans its first round from it, within the quick budget)."""
     shutil.copytree(ROOT, into, ignore=shutil.ignore_patterns(*LEFT_BEHIND))
     return into
 

@@ -162,8 +162,8 @@ def threads_said(threads: int, *, given: str | None, strict: bool) -> str:
     if strict:
         return f'{threads} threads (fitness = "strict": the CPUs shared by the executions at a time)'
     return (
-        f"{threads} thread (a shared machine: a neighbour on another core cannot stall it; --threads N, "
-        "OMP_NUM_THREADS or a record's probe.threads sets more)"
+        f"{threads} thread (a shared machine: a neighbour on another core cannot stall it; --threads N or "
+        "OMP_NUM_THREADS sets more)"
     )
 
 
@@ -325,8 +325,9 @@ def load_words(loads: list[dict | None], *, count: bool = True) -> str | None:
     top: dict[tuple, float] = {}
     for x in loaded:
         for p in x.get("top") or []:
-            name = (p.get("pid"), p.get("name"))
-            top[name] = max(top.get(name, 0.0), p.get("percent") or 0.0)
+            if (p.get("percent") or 0.0) >= 1.0:  # a process that used a per cent of a core or more
+                name = (p.get("pid"), p.get("name"))
+                top[name] = max(top.get(name, 0.0), p.get("percent"))
     busiest = sorted(top.items(), key=lambda kv: -kv[1])[:TOP_PROCESSES]
     named = ", ".join(f"pid {pid} {name}, {percent:.0f}%" for (pid, name), percent in busiest)
     return (

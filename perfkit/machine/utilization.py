@@ -54,16 +54,18 @@ def _cpu_by_process() -> dict[int, tuple[str, float, float]]:
 
 
 def foreign_processes(before: dict, after: dict, *, mine: set[int], seconds: float, top: int = 5) -> list[dict]:
-    """The busiest processes outside `mine` between two `_cpu_by_process` reads `seconds` apart:
-    pid, name and % of one core, busiest first (a pid reused in between counts from its birth)."""
+    """The busiest processes outside `mine` between two `_cpu_by_process` reads `seconds` apart that used
+    1% of a core or more: pid, name and % of one core, busiest first (a pid reused in between counts from
+    its birth)."""
     busy = []
     for pid, (name, cpu_s, created) in after.items():
         if pid in mine:
             continue
         then = before.get(pid)
         used = cpu_s - then[1] if then is not None and then[2] == created else cpu_s
-        if used > 0:
-            busy.append({"pid": pid, "name": name, "percent": round(100.0 * used / max(seconds, 1e-9), 1)})
+        percent = round(100.0 * used / max(seconds, 1e-9), 1)
+        if percent >= 1.0:  # a per cent of a core or more: the rest is the machine's housekeeping
+            busy.append({"pid": pid, "name": name, "percent": percent})
     return sorted(busy, key=lambda x: (-x["percent"], x["pid"]))[:top]
 
 

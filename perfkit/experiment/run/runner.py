@@ -114,6 +114,7 @@ def _start(
     manifest["cache_key"] = environment  # what, besides the notebook and parameters, a reuse must match
     manifest["confidence"] = policy.confidence()  # the first look's; each verdict says its own
     manifest["budget_s"] = policy.budget_s
+    manifest["left_out"] = dict(ctx.left_out)  # what the budget left unmeasured: a later run says it measures it
     manifest["notebooks"] = the_plan.notebooks  # with `code` and `code_of`: what a later run compares with
     manifest["code"] = {state.digest: state.to_json() for state in the_plan.code.values()}
     manifest["code_of"] = {key: state.digest for key, state in the_plan.code.items()}

@@ -340,6 +340,11 @@ def _say_why(ctx: RunContext, to_run: list[Execution]) -> None:
             continue
         ctx.said.add(x.key)
         said, compared = why.reason(earlier, x, ctx.now, forced=ctx.options.force)
+        if said == why.NEVER:  # never measured: perhaps an earlier run's budget left it out, and it says so
+            readers = sorted(h for h, keys in ctx.plan.needs.items() if x.key in keys)
+            left = earlier.left_out(readers)
+            if left is not None:
+                said = f"run {left[0]} left it out ({left[1]}: {left[2]}); measured now"
         if compared is not None:  # what changed since a run whose evidence is here: for the result's `changed`
             ctx.why[x.key] = (said, compared)
         ctx.say(f"[execute] {x.label()}: {said}")

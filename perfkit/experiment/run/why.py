@@ -53,6 +53,16 @@ class Earlier:
             self._manifests = found
         return self._manifests
 
+    def left_out(self, readers: list[str]) -> tuple[str, str, str] | None:
+        """(run id, hypothesis, why) of the newest earlier run whose budget left out one of `readers` (the
+        hypotheses reading an execution about to run): what a run measures after all, it says it does."""
+        for run_id, manifest in self.manifests():
+            left = manifest.get("left_out") or {}
+            for hid in readers:
+                if isinstance(left, dict) and isinstance(left.get(hid), str):
+                    return run_id, hid, left[hid]
+        return None
+
     def last(self, planned: Execution) -> tuple[str, dict, dict] | None:
         """(run id, its manifest, the execution there) of the newest run that executed this notebook and parameters."""
         for run_id, manifest in self.manifests():
