@@ -3,7 +3,7 @@ busy loop on one core, and beside a bursty neighbour (3 s on, 3 s off), in a cop
 
     .venv/bin/python benchmarks/busy_machine.py [--only quiet,busy,bursty] [--keep DIR]
 
-Each condition runs `perfkit run --all --quick --force` (everything measured afresh, planned from the
+Each condition runs `perfkit run --all --quick --force --jobs auto` (everything measured afresh, planned from the
 committed ledger within the quick budget, as `make run` in a fresh clone does) in its own copy of the project, with the neighbour started first (pinned to the last CPU) and stopped after.
 It prints, per condition: the wall time, the verdicts, how many replicates were unfit and how many verdicts
 rest on replicates that load made unfit ("discarded"), the mean foreign load the replicates recorded, and
@@ -61,7 +61,7 @@ def measure(condition: str, where: Path) -> dict:
     started = time.monotonic()
     try:
         done = subprocess.run(
-            [str(perfkit), "run", "--all", "--quick", "--force"], cwd=project, capture_output=True, text=True
+            [str(perfkit), "run", "--all", "--quick", "--force", "--jobs", "auto"], cwd=project, capture_output=True, text=True
         )
     finally:
         if loader is not None:
@@ -117,7 +117,7 @@ def main() -> int:
     print(f"{len(os.sched_getaffinity(0))} CPUs; measuring in {where}", flush=True)
     figures = {}
     for condition in wanted:
-        print(f"{condition}: perfkit run --all --quick --force ...", flush=True)
+        print(f"{condition}: perfkit run --all --quick --force --jobs auto ...", flush=True)
         figures[condition] = measure(condition, where)
         f = figures[condition]
         print(

@@ -63,7 +63,7 @@ def test_every_flag_reaches_its_field():
     [
         ({}, "name the hypotheses to run, or pass --all"),
         ({"ids": ("a",), "all": True}, "not both"),
-        ({"all": True, "jobs": 0}, "--jobs must be at least 1"),
+        ({"all": True, "jobs": -1}, "--jobs must be at least 1, or auto, got -1"),
         ({"all": True, "timeout_s": 0}, "--timeout must be a positive number"),
         ({"all": True, "timeout_s": float("nan")}, "--timeout must be a positive number of seconds, got nan"),
         ({"all": True, "timeout_s": float("inf")}, "--timeout must be a positive number of seconds, got inf"),
@@ -159,3 +159,20 @@ def test_diff_fail_on_help_names_every_kind_it_accepts():
 
     fail_on = next(a for a in _subcommand("diff")._actions if a.dest == "fail_on")
     assert all(kind in fail_on.help for kind in FAIL_ON) and fail_on.default == ",".join(DEFAULT_FAIL_ON)
+
+
+def test_jobs_auto_is_one_execution_per_core_free_as_the_run_starts(monkeypatch):
+    from perfkit.experiment.run import runner
+    from perfkit.machine import fitness
+
+    chosen = options.from_args(parse("--all", "--jobs", "auto"), command="c")
+    assert chosen.jobs == options.AUTO_JOBS and chosen.at_once() == 1
+    chosen.check()  # auto is a value of its own, not a count below 1
+    said: list[str] = []
+    monkeypatch.setattr(fitness, "cpus", lambda: (0, 1))
+    monkeypatch.setattr(fitness, "free_cores", lambda on=None, seconds=0.2: 1)  # another job has one of two
+    assert runner._jobs(chosen, said.append).jobs == 1
+    assert said == ["--jobs auto: 1 at a time, one per core free as the run starts (1 of 2 CPUs)"]
+    monkeypatch.setattr(fitness, "free_cores", lambda on=None, seconds=0.2: 0)  # none free: still one at a time
+    assert runner._jobs(chosen, said.append).jobs == 1
+    assert runner._jobs(RunOptions(all=True, jobs=3), said.append).jobs == 3  # a count is kept as given

@@ -215,7 +215,7 @@ def check(options: BisectOptions) -> None:
     if options.max_replicates is not None and not options.replicates <= options.max_replicates <= MAX_REPLICATES:
         raise UserError(f"--max-replicates must be from --replicates ({options.replicates}) to {MAX_REPLICATES}")
     if options.jobs < 1:
-        raise UserError(f"--jobs must be at least 1, got {options.jobs}")
+        raise UserError(f"--jobs must be at least 1 here (auto is perfkit run's), got {options.jobs}")
     if options.cluster:
         check_cluster(options.cluster)
 

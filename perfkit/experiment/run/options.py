@@ -120,6 +120,9 @@ def check_cluster(spec: str) -> None:
             )
 
 
+AUTO_JOBS = 0  # `--jobs auto`: as many executions at once as cores are free when the run starts
+
+
 def _flag(default: Any, flag: str, help: str, **argparse_options: Any) -> Any:
     """A field set by `perfkit run FLAG`; `parse` in argparse_options turns the parsed value into the field's."""
     metadata = {"flag": flag, "help": help, "argparse": argparse_options}
@@ -135,7 +138,14 @@ class RunOptions:
     ids: tuple[str, ...] = _flag((), "ids", "hypotheses to run", nargs="*", metavar="ID")
     all: bool = _flag(False, "--all", "run every hypothesis", action="store_true")
     quick: bool = _flag(False, "--quick", "use each probe's quick parameters", action="store_true")
-    jobs: int = _flag(1, "--jobs", "probe executions at a time (default 1)", type=int, metavar="N")
+    jobs: int = _flag(
+        1,
+        "--jobs",
+        "probe executions at a time (default 1); auto: one per core free when the run starts (decided once, "
+        "each on a core of its own)",
+        type=lambda text: AUTO_JOBS if text == "auto" else int(text),
+        metavar="N|auto",
+    )
     overrides: dict[str, Any] = _flag(
         {},
         "--param",
@@ -228,8 +238,8 @@ class RunOptions:
                 f"--max-replicates {self.max_replicates} is fewer than --replicates {self.replicates}: "
                 "the most a run may grow to cannot be below where it starts"
             )
-        if self.jobs < 1:
-            raise UserError(f"--jobs must be at least 1, got {self.jobs}")
+        if self.jobs < 1 and self.jobs != AUTO_JOBS:
+            raise UserError(f"--jobs must be at least 1, or auto, got {self.jobs}")
         if self.threads is not None and not 1 <= self.threads <= 1024:
             raise UserError(f"--threads must be from 1 to 1024, got {self.threads}")
         if self.budget_s is not None and self.budget_s < 0:
@@ -246,7 +256,7 @@ class RunOptions:
         """How many executions share this machine at a time: `--jobs`, or N workers of `--cluster local:N`."""
         if self.cluster and self.cluster.startswith("local:") and self.cluster[6:].isdigit():
             return max(1, int(self.cluster[6:]))
-        return self.jobs
+        return max(1, self.jobs)
 
     def recorded(self) -> dict[str, Any]:
         """What the manifest says about the options (the command-line ones, by field name)."""

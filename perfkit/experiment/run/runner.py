@@ -26,7 +26,7 @@ from perfkit.experiment.run import cluster as remote
 from perfkit.experiment.run import commit, priors, rundir, schedule, why
 from perfkit.experiment.run.context import Printer, RunContext
 from perfkit.experiment.run.judging import Evidence, Judged, judged
-from perfkit.experiment.run.options import RunOptions
+from perfkit.experiment.run.options import AUTO_JOBS, RunOptions
 from perfkit.experiment.run.plan import Basis, environment_key, plan, source_tree_hash
 from perfkit.experiment.run.write import Written, say_verdicts, write
 from perfkit.machine import devices, fitness, pace, snapshot
@@ -82,6 +82,7 @@ def _start(
     settings: config.Settings,
 ):
     """Plan, then claim the run's folder and write its manifest as "running"."""
+    options = _jobs(options, say)
     code_for, limits = code.resolver(project, settings.code), settings.fitness
     policy = replicates.policy(
         quick=options.quick,
@@ -123,6 +124,17 @@ def _start(
         say(f"run {killed} was killed while running (its process is gone): its manifest now says so")
     manifest["environment"] = snapshot.snapshot(root=project.code_root, import_torch=False)  # the probes import it
     return ctx, manifest
+
+
+def _jobs(options: RunOptions, say: Printer) -> RunOptions:
+    """`--jobs auto` decided once, as the run starts: one execution at a time per core free now (at least
+    one), each on a core of its own; a neighbour that takes a core later is measured through."""
+    if options.jobs != AUTO_JOBS:
+        return options
+    cpus = fitness.cpus()
+    free = max(1, fitness.free_cores(on=cpus, seconds=0.5))
+    say(f"--jobs auto: {free} at a time, one per core free as the run starts ({free} of {len(cpus)} CPUs)")
+    return replace(options, jobs=free)
 
 
 def _threads_line(options: RunOptions, limits: fitness.Limits) -> str:
