@@ -21,10 +21,8 @@ $(STAMP): pyproject.toml
 	-$(BIN)/perfkit init . >/dev/null
 	touch $(STAMP)
 
-# one execution at a time per core free as it starts (each on a core of its own, one thread): two at once on an
-# idle 2-core machine, one beside a busy neighbour
 run: $(STAMP)  ## every shipped hypothesis in quick mode; writes runs/<id>/ and hypotheses/LEDGER.md
-	$(BIN)/perfkit run --all --quick --jobs auto
+	$(BIN)/perfkit run --all --quick
 
 # every run of the suite takes its modules, and the tests inside each, in a shuffled order (pytest-random-order):
 # a test that passes only after another fails somewhere; the seed it prints reruns that order

@@ -1,10 +1,11 @@
 """Does perfkit decide on the machine you have? Every shipped hypothesis, quick, on a quiet machine, beside a
 busy loop on one core, and beside a bursty neighbour (3 s on, 3 s off), in a copy of this repository.
 
-    .venv/bin/python benchmarks/busy_machine.py [--only quiet,busy,bursty] [--keep DIR]
+    .venv/bin/python benchmarks/busy_machine.py [--only quiet,busy,bursty] [--keep DIR] [--jobs N|auto]
 
-Each condition runs `perfkit run --all --quick --force --jobs auto` (everything measured afresh, planned from the
-committed ledger within the quick budget, as `make run` in a fresh clone does) in its own copy of the project, with the neighbour started first (pinned to the last CPU) and stopped after.
+Each condition runs `perfkit run --all --quick --force` (everything measured afresh, planned from the
+committed ledger within the quick budget, as `make run` in a fresh clone does) in its own copy of the
+project, with the neighbour started first (pinned to the last CPU) and stopped after.
 It prints, per condition: the wall time, the verdicts, how many replicates were unfit and how many verdicts
 rest on replicates that load made unfit ("discarded"), the mean foreign load the replicates recorded, and
 which verdicts flipped between confirmed and refuted against the quiet run. A benchmark, not a test: the
@@ -54,14 +55,14 @@ def copy_project(into: Path) -> Path:
     return into
 
 
-def measure(condition: str, where: Path) -> dict:
+def measure(condition: str, where: Path, jobs: list[str]) -> dict:
     project = copy_project(where / condition)
     perfkit = Path(sys.executable).with_name("perfkit")
     loader = neighbour(condition)
     started = time.monotonic()
     try:
         done = subprocess.run(
-            [str(perfkit), "run", "--all", "--quick", "--force", "--jobs", "auto"], cwd=project, capture_output=True, text=True
+            [str(perfkit), "run", "--all", "--quick", "--force", *jobs], cwd=project, capture_output=True, text=True
         )
     finally:
         if loader is not None:
@@ -107,18 +108,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(CONDITIONS), help="conditions, comma-separated")
     parser.add_argument("--keep", type=Path, help="measure in this folder and keep it (default: a temporary one)")
+    parser.add_argument("--jobs", help="perfkit run's --jobs (default: its own, one at a time; N or auto)")
     args = parser.parse_args()
     wanted = [c for c in args.only.split(",") if c]
     unknown = sorted(set(wanted) - set(CONDITIONS))
     if unknown:
         parser.error(f"unknown condition {', '.join(unknown)} (known: {', '.join(CONDITIONS)})")
+    jobs = ["--jobs", args.jobs] if args.jobs else []
     where = args.keep or Path(tempfile.mkdtemp(prefix="perfkit-busy-"))
     where.mkdir(parents=True, exist_ok=True)
     print(f"{len(os.sched_getaffinity(0))} CPUs; measuring in {where}", flush=True)
     figures = {}
     for condition in wanted:
-        print(f"{condition}: perfkit run --all --quick --force --jobs auto ...", flush=True)
-        figures[condition] = measure(condition, where)
+        print(f"{condition}: perfkit run --all --quick --force{''.join(' ' + j for j in jobs)} ...", flush=True)
+        figures[condition] = measure(condition, where, jobs)
         f = figures[condition]
         print(
             f"{condition}: {f['wall_s']:.0f} s (exit {f['rc']}), {f['executions']} executions, {f['unfit']} unfit, "

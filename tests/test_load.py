@@ -139,9 +139,9 @@ def test_an_undecided_verdict_under_load_names_the_load_and_the_replicates_that_
         if j.needed:
             break
     assert j.verdict is Verdict.INCONCLUSIVE and j.needed
+    assert f"about {j.needed} replicates would likely decide it (3 ran); other processes used " in j.reason
     assert j.reason.endswith(
-        f"during 3 of 3 replicates: about {j.needed} replicates would likely decide it at that load, "
-        "or a quieter machine would narrow it"
+        "during 3 of 3 replicates: that forecast is at this load, and a quieter machine would narrow it"
     )
 
 

@@ -85,8 +85,8 @@ def what_would_decide(judgement: Judgement, executions: tuple[Execution, ...]) -
     words = fitness.load_words([x.load for x in executions if x.status == "ok"])
     if judgement.verdict is not Verdict.INCONCLUSIVE or words is None or judgement.measured is None:
         return judgement
-    needed = f"about {judgement.needed} replicates would likely decide it at that load, or " if judgement.needed else ""
-    return replace(judgement, reason=f"{judgement.reason}; {words}: {needed}a quieter machine would narrow it")
+    forecast = "that forecast is at this load, and " if judgement.needed else ""
+    return replace(judgement, reason=f"{judgement.reason}; {words}: {forecast}a quieter machine would narrow it")
 
 
 #: how much slower a neighbour can make a probe whose threads keep cores of their own, per share of the

@@ -205,7 +205,8 @@ class RunOptions:
         None,
         "--threads",
         "CPU threads of every probe execution, the same for each replicate (default: a record's probe.threads, "
-        "else OMP_NUM_THREADS when set, else the machine's cores shared by --jobs)",
+        "else OMP_NUM_THREADS when set, else one on a shared machine, or the machine's cores shared by --jobs "
+        'with fitness = "strict")',
         type=int,
         metavar="N",
     )
