@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from perfkit.experiment.records import results
 from perfkit.experiment.records.hypothesis import Hypothesis, Probe, Sweep
@@ -113,6 +114,22 @@ def fixture_project(root: Path, *ids: str) -> Project:
     else:
         shutil.copytree(FIXTURES / "hypotheses", root / "hypotheses")
     return Project(root)
+
+
+def quiet_or_skip(bound_s: float = 60.0, busy_cores: float = 0.3) -> None:
+    """For a test of the `alone` group that times the machine itself: wait, at most `bound_s`, for a second
+    in which other processes use under `busy_cores` of it; else skip, saying how busy it stayed."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + bound_s
+    while True:
+        busy = sum(psutil.cpu_percent(interval=1.0, percpu=True)) / 100.0
+        if busy < busy_cores:
+            return
+        if time.monotonic() >= deadline:
+            pytest.skip(f"the machine was never quiet for a second in {bound_s:g} s ({busy:.2f} cores busy)")
 
 
 def shared_cores(mp) -> None:

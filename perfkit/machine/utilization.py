@@ -58,10 +58,11 @@ def foreign_processes(before: dict, after: dict, *, mine: set[int], seconds: flo
     1% of a core or more: pid, name and % of one core, busiest first (a pid reused in between counts from
     its birth)."""
     busy = []
+    started = time.time() - seconds
     for pid, (name, cpu_s, created) in after.items():
-        if pid in mine:
-            continue
         then = before.get(pid)
+        if pid in mine or (then is None and created < started):  # ours, or not readable at the start
+            continue
         used = cpu_s - then[1] if then is not None and then[2] == created else cpu_s
         percent = round(100.0 * used / max(seconds, 1e-9), 1)
         if percent >= 1.0:  # a per cent of a core or more: the rest is the machine's housekeeping
