@@ -29,7 +29,8 @@ run: $(STAMP)  ## every shipped hypothesis in quick mode; writes runs/<id>/ and 
 TEST_SEED ?= $(shell date +%s)
 # the suite runs in TEST_WORKERS processes (pytest-xdist), a test module to one process (its module fixtures are
 # made once): each test shares the machine with another, as it would with any other work. The tests marked
-# `alone` (they time the machine itself, or wait for it to be quiet) run afterwards, one at a time
+# `alone` (they time the machine itself, or wait for it to be quiet, and skip saying so when it never is) run
+# afterwards, one at a time
 TEST_WORKERS ?= 2
 TEST_ORDER = --random-order-bucket=module --random-order-seed=$(TEST_SEED)
 
