@@ -145,7 +145,8 @@ def _verdict(hypothesis: Hypothesis, evidence: Evidence, confidence: float) -> J
     if not evidence.executions:
         return Judgement(verdict=Verdict.INCONCLUSIVE, reason="the probe was not executed", expected=expect.expected())
     if evidence.unfit:
-        reason = evidence.unfit + _measured_through(hypothesis, evidence, confidence)
+        busy = "machine busy: " in evidence.unfit  # strict about load (swapping or a throttled GPU is not load)
+        reason = evidence.unfit + (_measured_through(hypothesis, evidence, confidence) if busy else "")
         return Judgement(verdict=Verdict.INCONCLUSIVE, reason=reason, expected=expect.expected())
     if evidence.problem:
         return Judgement(verdict=Verdict.ERROR, reason=evidence.problem, expected=expect.expected())
