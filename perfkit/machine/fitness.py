@@ -232,12 +232,10 @@ def _inside(trace: dict, values: list, window: tuple[float, float] | None) -> li
 
 
 def _busy(trace: dict, window: tuple[float, float] | None, limits: Limits) -> str | None:
-    load = foreign_cores(trace, window)
-    if not load:
+    found = load(trace, window, limits)
+    if found is None:
         return None
-    cores = trace.get("logical_cores") or 1
-    mean = sum(load) / len(load)
-    episode = sum(1 for x in load if x > limits.episode_share * cores) / len(load)
+    cores, mean, episode = found["of"], found["cores"], found["busy_share"]
     if mean > limits.foreign_share * cores or episode > limits.episodes:
         over = f", more than {limits.episode_share * cores:g} cores {episode:.0%} of the time"
         return f"machine busy: {mean:.1f} of {cores} cores used by other processes on average" + (

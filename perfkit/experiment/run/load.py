@@ -52,7 +52,7 @@ def loaded_outliers(executions: list[Execution]) -> list[tuple[Execution, str]]:
         worst: tuple[float, int, str] | None = None
         for place in sorted(set.intersection(*(set(m) for m in means))):
             values = [m[place] for m in means]
-            found = stats.apart(values, log=all(v > 0 for v in values))
+            found = stats.apart(values, log=True) if all(v > 0 for v in values) else None  # times, rates: factors
             if found is None:
                 continue
             i = found[0]
@@ -60,7 +60,7 @@ def loaded_outliers(executions: list[Execution]) -> list[tuple[Execution, str]]:
             if _cores(reps[i]) - others[len(others) // 2] < LOAD_EXPLAINS_CORES:
                 continue
             rest = [v for j, v in enumerate(values) if j != i]
-            factor = values[i] / (sum(rest) / len(rest)) if all(v > 0 for v in values) else math.nan
+            factor = values[i] / (sum(rest) / len(rest))
             if worst is None or abs(math.log(factor)) > abs(math.log(worst[0])):
                 worst = (factor, i, place[0])
         if worst is not None:
