@@ -788,6 +788,59 @@ def test_costs_from_a_slower_day_are_carried_to_today_and_what_they_left_out_is_
     assert len(left_out) == 1 and len(back) == 1 and back[0].startswith("[plan]    the first round took "), back
 
 
+@pytest.mark.alone  # how many replicates fit is the machine's pace
+def test_what_the_first_round_left_out_is_measured_before_what_it_measured_grows(tmp_path):
+    """A hypothesis not measured at all is further from a verdict than one measured at its minimum: when
+    the first round runs faster than its (stale) forecast, the one it left out is measured with the time
+    saved before the one that straddles its bound gets more replicates."""
+    root = tmp_path / "p"
+    fixture_project(root)
+    confirmed = (root / "hypotheses" / "fx-cost-confirmed.yaml").read_text()
+    for hid, n, value in (("fx-edge", 1950, 1), ("fx-cost-2000", 2000, 2)):  # 1950: 2 replicates straddle 2 ms
+        record = confirmed.replace("id: fx-cost-confirmed", f"id: {hid}").replace("n: 1000", f"n: {n}")
+        (root / "hypotheses" / f"{hid}.yaml").write_text(record.replace("value: 1", f"value: {value}"))
+    project = Project(root)
+    both = {"ids": ["fx-edge", "fx-cost-2000"], "force": True, "replicates": 2}
+    rerun(project, budget_s=0, **both)
+    (stored,) = (root / "hypotheses" / "ledger" / "results").glob("*.json")
+    slow = json.loads(stored.read_text())
+    for h in slow["hypotheses"]:
+        for x in h["executions"]:
+            x["wall_s"], x["setup_s"] = 30 * x["wall_s"], 30 * x["setup_s"]
+    stored.write_text(json.dumps({**slow, "pace_s": None}))  # a day the machine's pace was not timed
+    per_replicate = max(x["wall_s"] for h in slow["hypotheses"] for x in h["executions"]) + priors.REPLICATE_S
+    budget = priors.RUN_S + 2 * priors.TEMPLATE_S + 2.5 * per_replicate  # the forecast holds one of the two
+    report, lines = rerun(project, budget_s=budget, **both)
+    back = [i for i, line in enumerate(lines) if line.startswith("[plan]    the first round took ")]
+    grew = [i for i, line in enumerate(lines) if line.startswith("undecided: adding replicates")]
+    assert len(back) == 1 and grew and back[0] < grew[0], lines
+    got = {h.id: h for h in report.results.hypotheses}
+    assert all(not (h.reason or "").startswith("not measured") for h in got.values()), got
+    assert len(got["fx-edge"].executions) > 2 and len(got["fx-cost-2000"].executions) >= 2
+
+
+def test_a_replicate_added_to_a_reused_execution_is_forecast_at_what_it_cost_where_it_was_measured():
+    """A run that reused an execution's replicates and then grows it pays for the new ones in full: they
+    are forecast at the reused replicates' own walls (they once forecast at the run's mean replicate, 8
+    s, and took 19.5 s each, 56 s past a 285 s budget), then at the first round's forecast, then the mean."""
+    from types import SimpleNamespace
+
+    from perfkit.experiment.records.results import Execution
+
+    def done(key, wall, reused):
+        return Execution(key=key, notebook="n.ipynb", params={}, wall_s=wall, reused=reused)
+
+    ran = {"a0": done("a", 4.0, False), "a1": done("a", 6.0, False), "b0": done("b", 19.5, True)}
+    first = SimpleNamespace(per_replicate_s={"c": 11.0})
+    ctx = SimpleNamespace(done=ran, first=first)
+    assert runner._replicate_s(ctx, "a") == pytest.approx(5.0 + priors.REPLICATE_S)
+    assert runner._replicate_s(ctx, "b") == pytest.approx(19.5 + priors.REPLICATE_S)
+    ran["b1"] = done("b", 21.5, False)  # measured here too: this run's own wall decides
+    assert runner._replicate_s(ctx, "b") == pytest.approx(21.5 + priors.REPLICATE_S)
+    assert runner._replicate_s(ctx, "c") == 11.0
+    assert runner._replicate_s(ctx, "d") == pytest.approx((4 + 6 + 21.5) / 3 + priors.REPLICATE_S)
+
+
 def test_no_execution_starts_once_a_run_was_interrupted(tmp_path):
     """A replicate that was waiting for its cores when Ctrl-C came must not start its kernel afterwards
     (it did: the interrupted run then hung until that execution ended)."""

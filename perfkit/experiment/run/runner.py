@@ -204,15 +204,11 @@ def _within_budget(ctx: RunContext, grown: dict[str, int]) -> dict[str, int] | N
     """The growth the time budget affords (all of it without one); None when nothing fits."""
     if ctx.policy.budget_s is None:
         return grown
-    walls: dict[str, list[float]] = {}
-    for x in ctx.done.values():
-        if x.wall_s is not None and not x.reused:
-            walls.setdefault(x.key, []).append(x.wall_s)
-    every = [w for ws in walls.values() for w in ws] or [0.0]
+    seconds = {k: _replicate_s(ctx, k) / max(1, ctx.options.at_once()) for k in grown}
     growing = [x for x in ctx.plan.executions if grown.get(x.key, 0) > ctx.plan.replicates[x.key]]
-    at_once = max(1, ctx.options.at_once())
-    seconds = {k: sum(walls.get(k, every)) / len(walls.get(k, every)) / at_once for k in grown}
     left = ctx.policy.budget_s - (time.monotonic() - ctx.started) - priors.RUN_S / 2  # the plots and ledger to come
+    added = max((grown[x.key] - ctx.plan.replicates[x.key] for x in growing), default=0)
+    left -= added * (ctx.first.template_s if ctx.first is not None else 0.0)  # a warm template per replicate added
     free = {} if ctx.options.force else {x.key: schedule.stored_replicates(ctx.project, x) for x in growing}
     counts, left_out = ctx.policy.afford(grown, ctx.plan.replicates, ctx.plan.needs, seconds, left, free=free)
     for hid in ctx.plan.needs:  # the budget's last word on each: left out now, or afforded after all
@@ -228,6 +224,25 @@ def _within_budget(ctx: RunContext, grown: dict[str, int]) -> dict[str, int] | N
     return None if counts == ctx.plan.replicates else counts
 
 
+def _replicate_s(ctx: RunContext, key: str) -> float:
+    """What one more replicate of execution `key` will cost: its replicates' walls in this run, else those
+    of the earlier run this one reused them from (a reused replicate cost nothing here, but the next one
+    costs what it cost there), else the first round's forecast, else the mean replicate of this run; with
+    what a replicate costs beside its own wall time."""
+    fresh: dict[str, list[float]] = {}
+    reused: dict[str, list[float]] = {}
+    for x in ctx.done.values():
+        if x.wall_s is not None:
+            (reused if x.reused else fresh).setdefault(x.key, []).append(x.wall_s)
+    walls = fresh.get(key) or reused.get(key)
+    if walls:
+        return sum(walls) / len(walls) + priors.REPLICATE_S
+    if ctx.first is not None and key in ctx.first.per_replicate_s:
+        return ctx.first.per_replicate_s[key]
+    every = [w for ws in fresh.values() for w in ws]
+    return sum(every) / len(every) + priors.REPLICATE_S if every else 0.0
+
+
 def _pace(ctx: RunContext) -> float:
     """Seconds the first round took per second forecast (1: as forecast), read as it ends."""
     first = ctx.first
@@ -239,9 +254,9 @@ def _pace(ctx: RunContext) -> float:
 
 def _bring_back(ctx: RunContext, pace: float) -> list[str]:
     """Measure at their minimum, after all, the hypotheses the first round left out for want of time, as
-    many as the budget still holds once the round and the growth of what it measured ran faster than
-    forecast (its costs were measured on a slower day, or before a change made the probes faster): each
-    one's forecast scaled by the first round's `pace`, the likeliest decisions per second first (one the
+    many as the budget still holds once the round ran faster than forecast (its costs were measured on a
+    slower day, or before a change made the probes faster), before any measured one grows: each one's
+    forecast scaled by the first round's `pace`, the likeliest decisions per second first (one the
     plan says sits on its bound comes last: it once took the time a served hypothesis needed to decide).
     The hypotheses added to the plan."""
     first, budget = ctx.first, ctx.policy.budget_s
@@ -274,7 +289,7 @@ def _bring_back(ctx: RunContext, pace: float) -> list[str]:
     for hid in back:
         del ctx.left_out[hid]
     ctx.say(
-        f"[plan]    the first round took {pace:.2f} s a second forecast, its growth ended at {elapsed:.0f} s: "
+        f"[plan]    the first round took {pace:.2f} s a second forecast and ended at {elapsed:.0f} s: "
         f"measuring after all {', '.join(back)} (at the fewest replicates)"
     )
     ctx.plan = replace(
@@ -287,11 +302,18 @@ def _bring_back(ctx: RunContext, pace: float) -> list[str]:
 
 
 def measure_and_judge(ctx: RunContext, hypotheses: list[Hypothesis]) -> list[Judged]:
-    """Execute, judge, and look again with more replicates while the policy says more would decide; then,
-    with the time left, measure what the first round left out (what the plan chose first decides first)."""
+    """Execute and judge; with the time the first round left, measure what it left out (a hypothesis not
+    measured at all is further from a verdict than one measured at its minimum); then look again with more
+    replicates while the policy says more would decide and the budget holds them."""
     schedule.execute(ctx)
-    pace = _pace(ctx)
     items = judge_all(ctx, hypotheses)
+    back = _bring_back(ctx, _pace(ctx))
+    if back:
+        schedule.execute(ctx)
+        judged_now = {
+            i.hypothesis.id: i for i in judge_all(ctx, [i.hypothesis for i in items if i.hypothesis.id in back])
+        }
+        items = [judged_now.get(i.hypothesis.id, i) for i in items]
     for look in range(1, ctx.policy.looks):
         grown = ctx.policy.grow(ctx.plan.replicates, ctx.plan.needs, {i.hypothesis.id: i.judgement for i in items})
         grown = _within_budget(ctx, grown) if grown is not None else None
@@ -304,13 +326,6 @@ def measure_and_judge(ctx: RunContext, hypotheses: list[Hypothesis]) -> list[Jud
         judged_now = {i.hypothesis.id: i for i in judge_all(ctx, hypotheses, look)}
         # a verdict an earlier look decided stands at its level; only those that grew are judged again
         items = [judged_now[i.hypothesis.id] if _grew(ctx, i.hypothesis.id, added) else i for i in items]
-    back = _bring_back(ctx, pace)
-    if back:
-        schedule.execute(ctx)
-        judged_now = {
-            i.hypothesis.id: i for i in judge_all(ctx, [i.hypothesis for i in items if i.hypothesis.id in back])
-        }
-        items = [judged_now.get(i.hypothesis.id, i) for i in items]
     return [
         replace(
             i,
