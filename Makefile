@@ -9,13 +9,13 @@ STAMP := $(VENV)/.installed
 TORCH_INDEX ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: run test lint format lab kernel bench validate ledger clean-venv thirdparty test-thirdparty
+.PHONY: run test lint format lab kernel bench validate docs ledger dist clean-venv thirdparty test-thirdparty
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet torch==2.13.0 --index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install --quiet -e '.[engine,test,lab,cluster,serve]'
+	$(BIN)/python -m pip install --quiet -e '.[engine,test,lab,cluster,serve,docs]'
 	# the `perfkit` kernel (the project on its import path), the notebook clean filter and the LEDGER.md merge
 	# driver: what `perfkit init` sets up in any repository, here through this checkout's .venv
 	-$(BIN)/perfkit init . >/dev/null
@@ -63,8 +63,24 @@ bench: $(STAMP)
 validate: $(STAMP)
 	$(BIN)/perfkit validate
 
+# the documentation site in site/: the reference pages written again from the code, then MkDocs with every
+# warning an error (tests/test_docs.py builds it too); `.venv/bin/mkdocs serve` to read it while editing
+docs: $(STAMP)  ## the documentation site in site/ (mkdocs build --strict)
+	$(BIN)/python -m perfkit.reference docs/reference
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 ledger: $(STAMP)
 	$(BIN)/perfkit ledger
+
+# an sdist and a wheel, checked as a package index would check them: what a repository of your own installs
+# (`pip install dist/perfkit-*.whl`, or the wheel committed there and named by `install` in its [tool.perfkit]).
+# BUILD_FLAGS=--no-isolation builds with .venv's setuptools instead of fetching them
+DIST ?= dist
+BUILD_FLAGS ?=
+dist: $(STAMP)  ## an sdist and a wheel in dist/, checked by twine
+	rm -rf $(DIST)
+	$(BIN)/python -m build --sdist --wheel --outdir $(DIST) $(BUILD_FLAGS) .
+	$(BIN)/python -m twine check --strict $(DIST)/*
 
 clean-venv:
 	rm -rf $(VENV)
@@ -138,5 +154,5 @@ THIRDPARTY_ENV := PERFKIT_LLAMA_SERVER=$(abspath $(LLAMA_SERVER)) PERFKIT_THIRDP
 test-thirdparty: $(STAMP) $(THIRDPARTY)  ## tests_thirdparty/: llama-server, vLLM (VLLM=0: not), AIPerf
 	$(THIRDPARTY_ENV) $(BIN)/python -m pytest -q -rs tests_thirdparty
 
-bench-clients: $(STAMP) $(THIRDPARTY)  ## AIPerf and perfkit.serving side by side on each server: the README's table
+bench-clients: $(STAMP) $(THIRDPARTY)  ## AIPerf and perfkit.serving side by side on each server: the table in docs/instrumenting.md
 	$(THIRDPARTY_ENV) $(BIN)/python tests_thirdparty/client_agreement.py

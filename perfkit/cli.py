@@ -17,6 +17,8 @@ import threading
 
 import perfkit
 from perfkit.errors import UserError
+from perfkit.experiment.bisect import commands
+from perfkit.text import Shown
 
 # jsonschema (imported by nbformat, by papermill) compiles a grammar for the "iri" format when the
 # rfc3987-syntax package is installed (JupyterLab's extras bring it): 1.6 s at the start of every
@@ -125,6 +127,7 @@ def _review_commands(sub, options) -> None:
     )
     chk.add_argument("id", help="the hypothesis")
     options.add_arguments(chk, leave_out=("ids", "all"))  # it measures as `perfkit run ID` would
+    chk.error = commands.stopping_git_bisect(chk)  # a usage error is the same at every commit: never "bad" (2)
 
     bis = sub.add_parser(
         "bisect",
@@ -154,22 +157,38 @@ def _review_commands(sub, options) -> None:
         sub.add_parser(name, help=f"see `perfkit {name} --help` ({module})", add_help=False)
 
 
-def _delegated(argv: list[str]) -> tuple[str, list[str]] | None:
-    """(command, its arguments) when argv names a delegated command, which parses its own arguments."""
-    i = 0
+def _delegated(argv: list[str]) -> tuple[str, list[str], str | None] | None:
+    """(command, its arguments, the --root given before it) when argv names a delegated command, which
+    parses its own arguments."""
+    i, root = 0, None
     while i < len(argv):
         word = argv[i]
         if word == "--root":
+            root = argv[i + 1] if i + 1 < len(argv) else None
             i += 2
         elif word.startswith("--root="):
+            root = word.partition("=")[2]
             i += 1
         else:
-            return (word, argv[i + 1 :]) if word in _DELEGATED else None
+            return (word, argv[i + 1 :], root) if word in _DELEGATED else None
     return None
 
 
-def _delegate(name: str, rest: list[str]) -> int:
-    return int(importlib.import_module(_DELEGATED[name]).main(rest) or 0)
+def _delegate(name: str, rest: list[str], root: str | None) -> int:
+    """A delegated command, with `--root DIR` meaning for it what it means for every command: the project
+    is DIR (`init`'s folder; for the rest, $PERFKIT_ROOT)."""
+    if root is not None and name == "init":
+        rest = ["--root", root, *rest]
+    before = os.environ.get("PERFKIT_ROOT")
+    if root is not None and name != "init":
+        os.environ["PERFKIT_ROOT"] = root
+    try:
+        return int(importlib.import_module(_DELEGATED[name]).main(rest) or 0)
+    finally:
+        if before is None:
+            os.environ.pop("PERFKIT_ROOT", None)
+        else:
+            os.environ["PERFKIT_ROOT"] = before
 
 
 def _validate(project, args) -> int:
@@ -190,13 +209,18 @@ def _validate(project, args) -> int:
     return 0
 
 
-def _write_junit(path: str | None, xml: str) -> None:
-    from pathlib import Path
+def _junit_path(path: str | None):
+    """`--junit FILE`, checked before the command measures or compares anything."""
+    from perfkit.files import output_file
 
+    return output_file(path, "--junit") if path else None
+
+
+def _write_junit(path, xml: str) -> None:
     from perfkit.files import write_atomic
 
-    if path:
-        write_atomic(Path(path), xml)
+    if path is not None:
+        write_atomic(path, xml)
 
 
 def _diff(project, args) -> int:
@@ -204,6 +228,7 @@ def _diff(project, args) -> int:
     from perfkit.experiment.records import compare
 
     fail_on = compare.parse_fail_on(args.fail_on)
+    junit_path = _junit_path(args.junit)
     name, changes = compare.diff(project, args.base)
     if args.json:
         print(json.dumps({"base": name, "changes": [c.to_json() for c in changes]}, indent=1))
@@ -211,7 +236,7 @@ def _diff(project, args) -> int:
         sys.stdout.write(diff.markdown(changes, name, plots_url=args.plots_url, base_plots_url=args.base_plots_url))
     else:
         sys.stdout.write(diff.text(changes, name))
-    _write_junit(args.junit, junit.diff_junit(changes, name, fail_on))
+    _write_junit(junit_path, junit.diff_junit(changes, name, fail_on))
     bad = compare.failing(changes, fail_on)
     if bad and not (args.json or args.md):
         print(f"failing: {', '.join(f'{c.id} ({c.kind})' for c in bad)} (--fail-on {args.fail_on})")
@@ -240,9 +265,10 @@ def _run(project, args, argv) -> int:
     from perfkit.experiment.run import options, runner
 
     chosen = options.from_args(args, command="perfkit " + shlex.join(argv))
+    junit_path = _junit_path(args.junit)
     out = (lambda line: print(line, file=sys.stderr)) if args.json else print
     report = runner.run(project, chosen, out=out)
-    _write_junit(args.junit, junit.run_junit(report.results))
+    _write_junit(junit_path, junit.run_junit(report.results))
     if args.json:
         from perfkit.experiment.records.results import FORMAT_VERSION
 
@@ -275,6 +301,7 @@ def _report(project, args) -> int:
 
     from perfkit.experiment.outputs import report
     from perfkit.experiment.records.results import load_all_results
+    from perfkit.files import output_file
 
     out = Path(args.out) if args.out else project.runs_dir / "report"
     if out.exists() and not out.is_dir():
@@ -283,6 +310,8 @@ def _report(project, args) -> int:
     linked += [p for p in (out / "plots").glob("*") if p.is_symlink()] if (out / "plots").is_dir() else []
     if linked:  # the report would write through it, to wherever it points
         raise UserError(f"report --out {out}: {linked[0]} is a symbolic link; the report writes only its own files")
+    if out.is_dir():  # the page itself: a regular file or none, as every file a user names for output
+        output_file(out / "index.html", "report --out")
     results = load_all_results(project)
     try:
         page = report.write(project, out, results, base=args.base, single_file=args.single_file)
@@ -309,6 +338,8 @@ def _main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     from perfkit.paths import find_project
 
+    if args.command == "check":  # for git bisect run: even finding the project is the commit's to fail
+        return commands.check(args, argv)
     project = find_project(args.root)
     if args.command == "validate":
         return _validate(project, args)
@@ -324,69 +355,31 @@ def _main(argv: list[str]) -> int:
         return _report(project, args)
     if args.command == "show":
         return _show(project, args)
-    if args.command == "check":
-        return _check(project, args, argv)
     if args.command == "bisect":
-        return _bisect(project, args)
+        return commands.bisect(project, args)
     if args.command == "new":
         from perfkit.experiment.run.scaffold import new_probe
 
         print(
-            f"wrote {new_probe(project, args.name)}: open it with "
-            "`make lab`, replace work(), then name it in a hypothesis"
+            f"wrote {new_probe(project, args.name)}: open it with {_lab(project)}, replace work(), "
+            "then name it in a hypothesis"
         )
         return 0
     raise AssertionError(f"unhandled command {args.command}")
 
 
-BISECT = {"confirmed": 0, "refuted": 1}  # git bisect run: 0 good ("holds"), 1 bad ("broken"), 125 skip
+def _lab(project) -> str:
+    """How this project opens a notebook in JupyterLab: its Makefile's `lab` target, or `jupyter lab` itself."""
+    import importlib.util
+    import re
 
-
-def _check(project, args, argv) -> int:
-    """`perfkit check ID`: the working tree measured against one hypothesis, for `git bisect run`.
-
-        git bisect start --term-old=holds --term-new=broken BAD GOOD
-        git bisect run perfkit check ID
-
-    Exit 0 when the claim holds (confirmed), 1 when it does not (refuted), 125 (git bisect's
-    "skip") when it cannot say: inconclusive, a busy machine, a probe that failed, or a record or
-    probe that this commit does not have. The run's evidence is under runs/; the ledger is never
-    written, so the work tree git bisect checks out stays as it was."""
-    from perfkit.experiment.run import options as run_options
-    from perfkit.experiment.run import runner
-
-    options = run_options.from_args(args, command="perfkit " + shlex.join(argv), ids=(args.id,), ledger=False)
-    try:
-        report = runner.run(project, options, out=lambda line: print(line, file=sys.stderr))
-    except UserError as exc:
-        print(f"perfkit check: cannot measure {args.id} here ({exc}); 125: skip this commit", file=sys.stderr)
-        return 125
-    (result,) = report.results.hypotheses
-    code = BISECT.get(result.verdict, 125)
-    words = {0: "it holds", 1: "it does not hold"}.get(code, f"undecided ({result.reason or result.verdict})")
-    print(f"{args.id}: {result.verdict}: {words}; exit {code}")
-    return code
-
-
-def _bisect(project, args) -> int:
-    """`perfkit bisect ID`: the table, culprits and plot; progress on stderr so --json and --md stay clean."""
-    from perfkit.experiment.bisect import measure, report
-    from perfkit.experiment.records.plots import write_plot
-    from perfkit.files import dumps
-
-    options = measure.BisectOptions.from_args(args)
-
-    def say(line: str) -> None:  # one write a line: commits measured at once speak from threads of their own
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-
-    found = measure.run(project, options, say=say)
-    write_plot(found.folder / "bisect.png", report.plot(found))
-    if args.json:
-        print(dumps({**found.to_json(), "folder": project.relative(found.folder)}), end="")
-    else:
-        print(report.markdown(found) if args.md else report.text(found), end="")
-    return found.exit_code()
+    makefile = project.root / "Makefile"
+    if makefile.is_file() and re.search(r"^lab:", makefile.read_text(encoding="utf-8", errors="replace"), re.M):
+        return "`make lab`"
+    notebooks = project.relative(project.notebooks_dir)
+    if importlib.util.find_spec("jupyterlab") is None:
+        return f"JupyterLab (`pip install jupyterlab`, then `jupyter lab {notebooks}/`, kernel perfkit)"
+    return f"`jupyter lab {notebooks}/` (kernel perfkit)"
 
 
 def _terminate(signum, frame) -> None:
@@ -397,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = Shown(sys.stdout), Shown(sys.stderr)  # no control byte from outside reaches the terminal
     try:
         return _main(argv)
     except UserError as exc:
@@ -420,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 141  # 128 + SIGPIPE
     finally:
+        sys.stdout, sys.stderr = streams
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
 

@@ -32,3 +32,17 @@ class RecordError(UserError):
 
 def _rebuild_record_error(message, path, line, field):
     return RecordError(message, path=path, line=line, field=field)
+
+
+def in_range(name: str, value: float, low: float, high: float, *, above_low: bool = False) -> float:
+    """`value` when it is a finite number from `low` to `high` (above `low` with `above_low`); otherwise a
+    UserError naming `name` (a flag, a setting). NaN, infinities and a number too large to mean anything
+    (`1e400` reads as infinity) are refused here, before they reach a plan, a sleep or a file name."""
+    import math
+
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if above_low else value >= low) and value <= high
+    if not ok:
+        first = f"above {low:g}" if above_low else f"from {low:g}"
+        raise UserError(f"{name} must be a number {first} to {high:g}, got {value!r}")
+    return value

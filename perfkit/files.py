@@ -40,11 +40,13 @@ def decode_number(value: float | int | str) -> float:
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write a file so that readers see the old or the new content, never a torn one."""
+    """Write a file so that readers see the old or the new content, never a torn one. Text is written as
+    UTF-8; a lone surrogate in it (a server's JSON said "\\udcff", a byte of the environment that was not
+    UTF-8) as its escape `\\udcff`, which a JSON reader reads back as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(data, str):
-        data = data.encode("utf-8")
+        data = data.encode("utf-8", "backslashreplace")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -57,6 +59,24 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         if isinstance(exc, OSError) and exc.filename is None:  # a write to a full disk names no file: name it
             raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         raise
+
+
+def output_file(path: Path, flag: str) -> Path:
+    """`path`, named by the user for perfkit to write (`--junit FILE`), when it is a regular file or absent
+    in a folder that exists; otherwise a UserError naming the flag. What a rename would replace (a
+    symbolic link, a device such as /dev/null, a pipe, a socket) or cannot (a folder) is refused before
+    anything runs, never written through."""
+    from perfkit.errors import UserError
+
+    path = Path(path)
+    if path.is_symlink():
+        raise UserError(f"{flag} {path}: a symbolic link is there; name a regular file (it is replaced) or a new one")
+    if path.exists() and not path.is_file():
+        kind = "a folder" if path.is_dir() else "not a regular file (a device, a pipe or a socket)"
+        raise UserError(f"{flag} {path}: {kind} is there; name a regular file (it is replaced) or a new one")
+    if not path.parent.is_dir():
+        raise UserError(f"{flag} {path}: its folder {path.parent} does not exist")
+    return path
 
 
 def dumps(data: Any) -> str:
@@ -148,7 +168,11 @@ class Reader:
             raise RecordError(f"expected {types}, got {type(value).__name__}", path=self.path, field=self.field(key))
         return value
 
-    def number(self, key: str, *, optional: bool = False, nan: bool = True) -> float | None:
+    def number(
+        self, key: str, *, optional: bool = False, nan: bool = True, within: tuple[float, float] | None = None
+    ) -> float | None:
+        """A number (NaN and infinities as stored); `within`: (low, high) its meaning allows, both included
+        (a share, a confidence level, seconds), NaN refused with it."""
         value = self.get(key, (int, float, str), optional=optional)
         if value is None:
             return None
@@ -159,6 +183,11 @@ class Reader:
             raise RecordError(f"expected a number, got {shown}", path=self.path, field=self.field(key)) from None
         if not nan and math.isnan(number):
             raise RecordError("expected a number, got NaN", path=self.path, field=self.field(key))
+        if within is not None and not within[0] <= number <= within[1]:  # NaN fails both
+            low, high = within
+            raise RecordError(
+                f"expected a number from {low:g} to {high:g}, got {number:g}", path=self.path, field=self.field(key)
+            )
         return number
 
     def unit(self, key: str, *, optional: bool = False) -> str | None:

@@ -7,17 +7,19 @@ prometheus_client export it). prometheus_client comes with `pip install 'perfkit
 
 from __future__ import annotations
 
+import math
 import time
 import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfkit import endpoints
 from perfkit.errors import UserError
 
 __all__ = ["Snapshot", "metrics_url", "parse", "scrape"]
 
 TIMEOUT_S = 10.0
+LIMIT = 32 << 20  # bytes of one /metrics answer (vLLM's is some hundreds of kB with every histogram)
 START_TIME = ("process_start_time_seconds",)  # what a server exports as its own start (prometheus_client's)
 Labels = tuple[tuple[str, str], ...]
 
@@ -70,20 +72,20 @@ def parse(text: str, url: str = "", at: float | None = None) -> Snapshot:
             for sample in family.samples:
                 if sample.name.endswith("_created"):  # a creation time, not an amount
                     continue
-                snap.values[(family.name, sample.name, labels_without(sample.labels))] = float(sample.value)
+                if not math.isfinite(value := float(sample.value)):  # NaN, +Inf: no amount to difference
+                    continue
+                snap.values[(family.name, sample.name, labels_without(sample.labels))] = value
     except ValueError as exc:
         raise UserError(f"{url or 'the metrics text'} is not Prometheus text: {exc}") from None
     return snap
 
 
 def scrape(target: Any, *, timeout: float = TIMEOUT_S) -> Snapshot:
-    """Read a server's `/metrics` now (a URL or a started Server)."""
+    """Read a server's `/metrics` now (a URL or a started Server), within `timeout` seconds in all and
+    LIMIT bytes (endpoints.fetch); a UserError naming the URL otherwise."""
     url = metrics_url(target)
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read(2000)
+        status, _headers, raw = endpoints.fetch(url, timeout=timeout, limit=LIMIT)
     except (urllib.error.URLError, OSError) as exc:
         raise UserError(f"no metrics at {url}: {getattr(exc, 'reason', exc)}") from None
     if status != 200:

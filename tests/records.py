@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from perfkit.experiment.records import results
-from perfkit.experiment.records.hypothesis import Hypothesis, Probe, Sweep
+from perfkit.experiment.records.hypothesis import Hypothesis
 from perfkit.experiment.records.kinds.base import Expect
+from perfkit.experiment.records.probe import Probe, Sweep
 from perfkit.experiment.records.results import Execution, Floor, HypothesisResult, Measured, MetricSummary, RunResults
 from perfkit.paths import Project
 from perfkit.samples import MetricRecord

@@ -1,7 +1,8 @@
 """The layout holds: each package imports only what its audience may, and no module cycle exists.
 
-Layers, from the bottom: shared leaves (errors, paths, files, units, phases, stats, samples) ->
-probe (what a notebook imports) -> engine and kernels -> machine -> experiment -> cli. A module
+Layers, from the bottom: shared leaves (errors, text, environment, paths, files, units, phases, stats,
+samples) -> probe (what a notebook imports) -> engine and kernels -> machine -> experiment -> cli -> reference
+(the documentation's reference pages, rendered from all of them; nothing imports it). A module
 may import its own layer and the layers below it, except that the experiment (storage,
 judging, the run) never imports the notebook side or the engine: it reads what probes recorded
 through perfkit.samples. Imports inside functions count too.
@@ -17,6 +18,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "perfkit"
 LEAVES = {
     "errors",
+    "text",
+    "environment",
+    "processes",
     "paths",
     "files",
     "units",
@@ -35,6 +39,7 @@ ALLOWED = {
     "machine": {"leaf", "probe", "engine", "machine"},
     "experiment": {"leaf", "machine", "experiment"},
     "cli": {"leaf", "probe", "engine", "machine", "experiment", "cli"},
+    "reference": {"leaf", "probe", "engine", "machine", "experiment", "cli", "reference"},
 }
 
 
@@ -45,7 +50,7 @@ def layer(module: str) -> str:
         return "leaf"
     if top in ("engine", "kernels"):
         return "engine"
-    if top in ("probe", "machine", "experiment", "cli"):
+    if top in ("probe", "machine", "experiment", "cli", "reference"):
         return top
     raise AssertionError(f"{module}: no layer; add it to tests/test_architecture.py")
 

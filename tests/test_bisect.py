@@ -7,6 +7,7 @@ Intervals come from perfkit.stats (the one path every verdict's interval takes).
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -204,3 +205,31 @@ def test_several_commits_at_once_find_the_same_culprits_in_fewer_rounds(seed):
     assert max(len(b) for b in batches) <= 5  # more replicates: at most a chain's, its two ends and those three
     rounds = len(batches) + sum(1 for i, r in many.calls) - sum(len(b) for b in batches)
     assert rounds < len(one.calls)  # fewer waits for a measurement than one commit at a time
+
+
+def test_a_killed_bisects_worktrees_are_removed_by_the_next_and_a_live_ones_are_kept(tmp_path):
+    """Issue 45: a bisect killed with SIGKILL left its worktrees on disk and registered with git, never
+    pruned. The next bisect removes those whose owner is gone, and keeps a running one's."""
+    import subprocess
+    import sys
+
+    from perfkit.experiment.bisect.worktrees import OWNER, Worktrees, resolve
+
+    top = tmp_path / "repo"
+    top.mkdir()
+    for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "one"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "-C", str(top), *args], check=True)
+    head = resolve(top, "HEAD")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid no process has now
+    runs = top / "runs"
+    for name, owner in (("bisect-killed", gone.pid), ("bisect-running", os.getpid())):
+        trees = Worktrees(top, runs / name / "worktrees").__enter__()  # entered, never exited: as if killed
+        trees.at(head)
+        (runs / name / "worktrees" / OWNER).write_text(str(owner))
+    with Worktrees(top, runs / "bisect-next" / "worktrees") as trees:
+        trees.at(head)
+    listed = subprocess.run(["git", "-C", str(top), "worktree", "list"], capture_output=True, text=True).stdout
+    assert not (runs / "bisect-killed" / "worktrees").exists() and "bisect-killed" not in listed, listed
+    assert (runs / "bisect-running" / "worktrees").exists() and "bisect-running" in listed  # its owner lives
+    assert not (runs / "bisect-next" / "worktrees").exists() and "bisect-next" not in listed

@@ -1,4 +1,5 @@
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -25,7 +26,10 @@ def test_delegated_commands_get_their_arguments_untouched(monkeypatch, command, 
     monkeypatch.setitem(sys.modules, module, fake)
     assert main([command, "bench", "--ctx", "32768", "--help"]) == 3
     assert seen == [["bench", "--ctx", "32768", "--help"]]
+    fake.main = lambda argv: seen.append((argv, os.environ.get("PERFKIT_ROOT"))) or 3
+    monkeypatch.delenv("PERFKIT_ROOT", raising=False)
     assert main(["--root", "/nowhere", command]) == 3
+    assert seen[-1] == ([], "/nowhere") and "PERFKIT_ROOT" not in os.environ  # its project, for it alone
 
 
 def test_user_errors_print_without_traceback(tmp_path, capsys):
@@ -125,3 +129,87 @@ def test_every_command_prints_its_help(capsys):
     with pytest.raises(SystemExit) as done:
         main(["run", "--help"])
     assert done.value.code == 0 and "--budget" in capsys.readouterr().out
+
+
+def test_root_before_init_sets_up_that_folder_and_two_folders_are_refused(tmp_path, monkeypatch, capsys):
+    """`perfkit --root DIR init` set up the current folder, not DIR, and said nothing."""
+    import subprocess
+
+    target, elsewhere = tmp_path / "theirs", tmp_path / "here"
+    for folder in (target, elsewhere):
+        folder.mkdir()
+        subprocess.run(["git", "init", "-q", str(folder)], check=True)
+    monkeypatch.chdir(elsewhere)
+    assert main(["--root", str(target), "init"]) == 0
+    assert (target / "hypotheses").is_dir() and not (elsewhere / "hypotheses").exists()
+    capsys.readouterr()
+    assert main(["--root", str(target), "init", str(elsewhere)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "two different folders" in err, err
+    assert not (elsewhere / "hypotheses").exists()
+
+
+def _git_repo(folder):
+    import subprocess
+
+    folder.mkdir()
+    subprocess.run(["git", "init", "-q", str(folder)], check=True)
+    return folder
+
+
+def test_init_where_it_cannot_write_is_one_line_naming_the_file(tmp_path, capsys):
+    """Issue 45: `init` with .gitattributes a folder, or in a folder it cannot write, gave a traceback."""
+    import stat
+
+    folder = _git_repo(tmp_path / "attrs")
+    (folder / ".gitattributes").mkdir()
+    assert main(["--root", str(folder), "init"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ".gitattributes: expected a file perfkit init can add lines to" in err, err
+    locked = _git_repo(tmp_path / "locked")
+    (locked / "hypotheses").mkdir()
+    (locked / "hypotheses").chmod(stat.S_IRUSR | stat.S_IXUSR)  # read-only: its files cannot be made
+    try:
+        if os.access(locked / "hypotheses", os.W_OK):  # root writes anywhere: nothing to refuse here
+            pytest.skip("running as root: a read-only folder is writable")
+        assert main(["--root", str(locked), "init"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "cannot write hypotheses/" in err and "Permission denied" in err, err
+    finally:
+        (locked / "hypotheses").chmod(stat.S_IRWXU)
+
+
+def test_init_keeps_a_notebook_filter_of_the_users_own_and_says_so(tmp_path, capsys):
+    """Issue 45: init appended perfkit's notebook filter after the user's (git takes the last line), quietly
+    replacing nbstripout."""
+    folder = _git_repo(tmp_path / "theirs")
+    (folder / ".gitattributes").write_text("*.ipynb filter=nbstripout\n*.ipynb diff=ipynb\n")
+    assert main(["--root", str(folder), "init"]) == 0
+    attributes = (folder / ".gitattributes").read_text()
+    assert "filter=perfkit-notebook" not in attributes and attributes.startswith("*.ipynb filter=nbstripout\n")
+    assert "hypotheses/LEDGER.md merge=perfkit-ledger" in attributes  # the ledger's merge driver still
+    assert "kept your notebook filter ('*.ipynb filter=nbstripout' in .gitattributes)" in capsys.readouterr().out
+    plain = _git_repo(tmp_path / "plain")
+    assert main(["--root", str(plain), "init"]) == 0
+    assert "notebooks/*.ipynb filter=perfkit-notebook" in (plain / ".gitattributes").read_text()
+
+
+@pytest.mark.parametrize("name", ["x" * 300, "ok\n", "a" * 61, "Bad", "1x"])
+def test_a_probe_name_a_notebook_cannot_carry_is_one_line(tmp_path, capsys, name):
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "hypotheses").mkdir()
+    assert main(["--root", str(tmp_path), "new", "probe", name]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "use at most 60 lowercase letters" in err and len(err) < 300, err
+    assert not list((tmp_path / "notebooks").iterdir())
+
+
+def test_a_new_probe_says_how_this_project_opens_it(tmp_path, capsys):
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "hypotheses").mkdir()
+    assert main(["--root", str(tmp_path), "new", "probe", "first"]) == 0
+    said = capsys.readouterr().out
+    assert "`jupyter lab notebooks/` (kernel perfkit)" in said and "make lab" not in said, said  # no Makefile here
+    (tmp_path / "Makefile").write_text("lab:\n\tjupyter lab notebooks/\n")
+    assert main(["--root", str(tmp_path), "new", "probe", "second"]) == 0
+    assert "open it with `make lab`" in capsys.readouterr().out

@@ -65,13 +65,13 @@ def test_a_claim_in_cpu_time_is_decided_under_load_that_would_leave_wall_time_un
 def test_interleave_takes_the_arms_in_turns_in_alternating_order_from_either_end():
     calls = []
     arms = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
-    got = interleave(arms, turns=4, repeat=8, warmup=1)
+    got = interleave(arms, turns=4, repeat=8, warmup=1, inner=1)
     assert [len(got["a"]), len(got["b"])] == [8, 8]
     runs = [c for i, c in enumerate(calls) if i == 0 or calls[i - 1] != c]
     assert runs == ["a", "b", "a", "b", "a"]  # a a a b b b (warm-up + 2 each), then b b a a, a a b b, b b a a
     assert calls[:3] == ["a"] * 3 and calls[3:6] == ["b"] * 3 and calls[6:8] == ["b"] * 2
     calls.clear()
-    interleave(arms, turns=2, repeat=2, warmup=0, replicate=1)
+    interleave(arms, turns=2, repeat=2, warmup=0, replicate=1, inner=1)
     assert calls == ["b", "a", "a", "b"]  # an odd replicate starts from the other end
     with pytest.raises(ValueError, match="at least one arm"):
         interleave({})

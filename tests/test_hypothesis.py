@@ -1,3 +1,4 @@
+import re
 import shutil
 from pathlib import Path
 
@@ -106,9 +107,9 @@ def test_a_sample_count_the_record_leaves_to_the_notebook_is_known_by_the_notebo
     root = Path(__file__).resolve().parents[1]
     shutil.copytree(root / "notebooks", tmp_path / "notebooks")
     (tmp_path / "hypotheses").mkdir()
-    record = (root / "hypotheses" / "profiler-under-1pct.yaml").read_text()
-    record = record.replace(", pairs: 24}", "}").replace(", pairs: 30}", "}")
-    (tmp_path / "hypotheses" / "profiler-under-1pct.yaml").write_text(record)
+    record = (root / "hypotheses" / "spec-beats-ar-long-context.yaml").read_text()
+    record = re.sub(r", repeats: \d+\}", "}", record)  # params and quick leave the count to the notebook
+    (tmp_path / "hypotheses" / "spec-beats-ar-long-context.yaml").write_text(record)
     (h,) = load_hypotheses(Project(tmp_path))
-    assert "pairs" not in h.probe.params and "pairs" not in h.probe.quick
-    assert h.probe.samples == {"pairs": (5, 30)} and h.probe.sample_defaults == {"pairs": 10}  # the notebook's
+    assert "repeats" not in h.probe.params and "repeats" not in h.probe.quick
+    assert h.probe.samples == {"repeats": (5, 10)} and h.probe.sample_defaults == {"repeats": 5}  # the notebook's

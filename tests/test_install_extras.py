@@ -14,14 +14,17 @@ wheel of this source.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import sys
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+import yaml
 from packaging.requirements import Requirement
 from repos import ROOT, sh
 
@@ -60,8 +63,9 @@ def closure(requirements: list[Requirement]) -> set[str]:
     return {name for name, _ in seen}
 
 
-def environment(folder: Path, distributions: set[str], wheel: Path) -> dict[str, str]:
-    """A virtual environment with these distributions (linked from .venv) and perfkit's wheel; its env vars."""
+def environment(folder: Path, distributions: set[str], wheel: Path | None, *, pip: bool = False) -> dict[str, str]:
+    """A virtual environment with these distributions (linked from .venv) and perfkit's wheel (None: no perfkit;
+    `pip`: and pip of its own, as a CI runner's Python has); its env vars."""
     site = folder / "site"
     site.mkdir(parents=True)
     for name in sorted(distributions):
@@ -71,20 +75,23 @@ def environment(folder: Path, distributions: set[str], wheel: Path) -> dict[str,
             if not (site / top).exists():
                 (site / top).symlink_to(Path(str(dist.locate_file(top))))
     venv = folder / "v"
-    sh(ROOT, sys._base_executable, "-m", "venv", "--without-pip", str(venv))
+    sh(ROOT, sys._base_executable, "-m", "venv", *([] if pip else ["--without-pip"]), str(venv))
     python = venv / "bin" / "python"
     purelib = sh(ROOT, str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
     (Path(purelib) / "linked.pth").write_text(f"{site}\n")
-    sh(ROOT, sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel))
+    if wheel is not None:
+        sh(ROOT, sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PERFKIT_", "VIRTUAL_ENV", "PYTHONPATH"))}
     return env | {"PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", "MPLBACKEND": "Agg"}
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    sh(ROOT, sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT))
-    return next(out.glob("perfkit-*.whl"))
+    """perfkit's wheel as `make dist` builds it (beside an sdist; twine has checked both)."""
+    out = tmp_path_factory.mktemp("dist") / "dist"
+    sh(ROOT, "make", "--no-print-directory", "dist", f"DIST={out}", "BUILD_FLAGS=--no-isolation")
+    assert [p.name for p in sorted(out.iterdir())] == ["perfkit-0.1.0-py3-none-any.whl", "perfkit-0.1.0.tar.gz"]
+    return out / "perfkit-0.1.0-py3-none-any.whl"
 
 
 def test_the_review_extra_brings_no_torch_notebook_runner_jupyterlab_or_dask():
@@ -130,3 +137,60 @@ def test_a_plain_install_has_no_torch_yet_runs_a_users_probe_and_says_how_to_get
     engine = sh(project, "perfkit", "engine", "bench", env=env, check=False)
     assert engine.returncode == 2 and engine.stderr.count("\n") == 1, engine.stderr
     assert "pip install 'perfkit[engine]'" in engine.stderr and "Traceback" not in engine.stderr
+
+
+def test_a_repository_of_ones_own_gets_perfkit_from_a_wheel_and_its_review_workflow_installs_it_offline(
+    tmp_path, wheel
+):
+    repo = tmp_path / "ownproject"
+    (repo / "vendor").mkdir(parents=True)
+    sh(repo, "git", "init", "-q", "-b", "main")
+    shipped = repo / "vendor" / wheel.name  # committed with the repository, so its CI runner has it
+    shutil.copy(wheel, shipped)
+    review = closure(perfkit_requirements(None) + perfkit_requirements("review"))
+    user = environment(tmp_path / "user", review | {"ipykernel"}, shipped)
+    said = sh(repo, "perfkit", "init", "--ci", "github", env=user).stdout
+    assert "note:" not in said, said  # the setting says how, so there is nothing to add
+    settings = tomllib.loads((repo / "perfkit.toml").read_text())
+    assert settings["install"] == f"./vendor/{wheel.name}[review]"
+    workflow = yaml.safe_load((repo / ".github" / "workflows" / "perfkit.yml").read_text())
+    steps = workflow["jobs"]["review"]["steps"]
+    install = next(s["run"] for s in steps if s.get("name", "").startswith("install perfkit"))
+    runner = environment(tmp_path / "runner", review, None, pip=True) | {"PIP_NO_INDEX": "1"}  # no index at all
+    assert sh(repo, "python", "-c", "import perfkit", env=runner, check=False).returncode != 0
+    sh(repo, "bash", "-e", "-c", install, env=runner)
+    assert "valid" in sh(repo, "perfkit", "validate", env=runner).stdout
+    where = sh(repo, "python", "-c", "import perfkit; print(perfkit.__file__)", env=runner).stdout
+    assert where.startswith(str(tmp_path / "runner" / "v")), where  # the wheel's copy, not this checkout
+    (repo / "perfkit.toml").write_text("# no install setting\n")
+    missing = sh(repo, "bash", "-e", "-c", install, env=runner, check=False)
+    assert missing.returncode == 1 and "::error::set install in [tool.perfkit]" in missing.stdout, missing
+
+
+def test_init_names_how_a_ci_runner_gets_perfkit_or_says_it_cannot(tmp_path, monkeypatch):
+    from perfkit.experiment.repo import init
+
+    class Installed:
+        def __init__(self, recorded):
+            self.version, self.recorded = "0.1.0", recorded
+
+        def read_text(self, name):
+            return None if self.recorded is None else json.dumps(self.recorded)
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    cases = [
+        (None, "perfkit[review]==0.1.0"),
+        ({"url": "https://github.com/o/perfkit.git", "vcs_info": {"vcs": "git", "commit_id": "abc123"}},
+         "perfkit[review] @ git+https://github.com/o/perfkit.git@abc123"),
+        ({"url": (root / "vendor" / "perfkit-0.1.0-py3-none-any.whl").as_uri(), "archive_info": {}},
+         "./vendor/perfkit-0.1.0-py3-none-any.whl[review]"),
+        ({"url": "https://example.org/perfkit-0.1.0-py3-none-any.whl", "archive_info": {}},
+         "perfkit[review] @ https://example.org/perfkit-0.1.0-py3-none-any.whl"),
+        ({"url": (tmp_path / "elsewhere").as_uri(), "dir_info": {"editable": True}}, None),
+    ]  # fmt: skip
+    for recorded, expected in cases:
+        monkeypatch.setattr(init.metadata, "distribution", lambda name, r=recorded: Installed(r))
+        requirement, how = init.install_requirement(root)
+        assert requirement == expected, (recorded, requirement, how)
+    assert "which a CI runner cannot reach" in how

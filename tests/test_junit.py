@@ -247,3 +247,68 @@ def test_perfkit_diff_junit_writes_a_schema_valid_file_with_the_gate_as_failures
     cases = {c.get("name"): c for c in ET.parse(out).getroot().iter("testcase")}
     assert cases["fx-cost-confirmed"].find("failure").get("type") == "flip"
     assert cases["fx-share"].find("failure") is None  # added as confirmed: not a failure of the default gate
+
+
+def _hostile_target(tmp_path: Path, kind: str) -> Path:
+    import os
+
+    target = tmp_path / "out" / "perfkit.xml"
+    target.parent.mkdir()
+    precious = tmp_path / "precious.txt"
+    precious.write_text("mine")
+    if kind == "symlink":
+        target.symlink_to(precious)
+    elif kind == "dangling symlink":
+        target.symlink_to(tmp_path / "nowhere.xml")
+    elif kind == "folder":
+        target.mkdir()
+    elif kind == "pipe":
+        os.mkfifo(target)
+    elif kind == "device":
+        return Path("/dev/null")
+    elif kind == "no folder":
+        return tmp_path / "missing" / "perfkit.xml"
+    return target
+
+
+KINDS = ["symlink", "dangling symlink", "folder", "pipe", "device", "no folder"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("command", ["run", "diff"])
+def test_a_junit_path_that_is_not_a_regular_file_is_refused_before_anything_runs(tmp_path, capsys, kind, command):
+    """A rename over FILE would replace what is there (a root run's `--junit /dev/null` made /dev/null a
+    regular file): anything but a regular file or nothing is refused in one line, exit 2, nothing run."""
+    import shutil
+    import stat
+
+    from perfkit.cli import main
+
+    shutil.copytree(FIXTURES, tmp_path / "p")
+    target = _hostile_target(tmp_path, kind)
+    before = target.lstat() if target.is_symlink() or target.exists() else None
+    args = ["run", "fx-cost-confirmed", "--quick", "--replicates", "1"] if command == "run" else ["diff"]
+    code = main(["--root", str(tmp_path / "p"), *args, "--junit", str(target)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"perfkit: --junit {target}: ") and err.count("\n") == 1, err
+    assert not (tmp_path / "p" / "runs").exists()  # nothing measured
+    if before is not None:
+        after = target.lstat()
+        assert stat.S_IFMT(after.st_mode) == stat.S_IFMT(before.st_mode) and after.st_ino == before.st_ino
+    assert (tmp_path / "precious.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("kind", ["symlink", "folder", "pipe"])
+def test_the_report_page_is_written_only_over_a_regular_file(tmp_path, capsys, kind):
+    import shutil
+
+    from perfkit.cli import main
+
+    shutil.copytree(FIXTURES, tmp_path / "p")
+    target = _hostile_target(tmp_path, kind)  # out/perfkit.xml: the report's index.html stands in
+    page = target.parent / "index.html"
+    target.rename(page)
+    code = main(["--root", str(tmp_path / "p"), "report", "--out", str(page.parent)])
+    err = capsys.readouterr().err
+    assert code == 2 and str(page) in err and err.count("\n") == 1, err
+    assert (tmp_path / "precious.txt").read_text() == "mine"

@@ -130,7 +130,9 @@ def test_other_keys_are_never_not_reproduced_but_say_what_changed_and_how_far_it
     assert not_reproduced(slower, then, "r1") is None  # the keys differ: never "nothing changed"
     said = changed(slower, then, "r1", ["ownlib/__init__.py changed since run r1"])
     assert said == "ownlib/__init__.py changed since run r1: 3x higher than 4 ms [3.9, 4.1]"
-    unknown = changed(slower, then, "r1", [])  # the earlier run's evidence is not here to compare with
+    unknown = changed(
+        slower, then, "r1", [], evidence_here=False
+    )  # the earlier run's evidence is not here to compare with
     assert unknown.startswith("measured with other execution keys than run r1") and "cannot be named" in unknown
     assert (
         changed(measured(3.95, 4.15, key="k2"), then, "r1", ["x changed"])

@@ -68,10 +68,25 @@ def test_history_shows_the_last_measurements_and_every_flip_and_collapses_the_re
         store(project, f"2025010{i // 10}-00000{i % 10}", [result(h, verdict, 1.0 + i, str(i))])
     text = ledger.render(results.load_all_results(project))
     section = text[text.index("### `fx-cost-confirmed`") :]
-    shown, collapsed = section.split("<details>")
-    assert shown.count("| 2025") == SHOWN_HISTORY + 1  # the last five and the old flip
-    assert "**flip** (was refuted)" in shown
-    assert collapsed.count("| 2025") == len(verdicts) and "all 9 measurements" in collapsed
+    assert section.count("| 2025") == SHOWN_HISTORY + 1  # the last five and the old flip
+    assert "**flip** (was refuted)" in section
+    assert "3 earlier measurements: `perfkit show fx-cost-confirmed`" in section  # 9 less 5 less the flip
+
+
+def test_the_ledger_does_not_grow_with_the_number_of_runs(project):
+    """LEDGER.md was 312 kB after a few weeks: every section kept a collapsed copy of its whole history.
+    Now a section holds its last measurements and its latest flips; `perfkit show ID` has the rest."""
+    h = next(h for h in load_hypotheses(project) if h.id == "fx-cost-confirmed")
+    sizes = {}
+    for i in range(60):  # a flip every fourth run
+        store(
+            project,
+            f"202501{i // 30 + 1:02d}-0000{i % 30:02d}",
+            [result(h, "refuted" if i % 4 else "confirmed", 1.0, str(i))],
+        )
+        if i + 1 in (20, 60):
+            sizes[i + 1] = len(ledger.render(results.load_all_results(project)))
+    assert sizes[60] < sizes[20] * 1.05, sizes
 
 
 def test_a_run_that_reused_everything_adds_no_history_row_and_profiled_runs_never_stand(project):
@@ -223,3 +238,52 @@ def test_check_warns_of_verdicts_whose_hypothesis_file_is_gone(project, capsys):
     capsys.readouterr()
     assert main(["--root", str(project.root), "ledger", "--check"]) == 0  # a warning, not a failure
     assert "warning: fx-share: has verdicts but no hypothesis file any more" in capsys.readouterr().out
+
+
+def _on(h, verdict, run_id, host):
+    x = results.Execution(
+        key=f"{run_id}{host}",
+        notebook="p.ipynb",
+        params={},
+        status="ok",
+        run_id=run_id,
+        machine={"id": host, "host": host},
+    )
+    return of(h, verdict, 1.0, run_id, executions=(x,))
+
+
+def test_rows_that_stand_on_other_runs_or_machines_say_which(project):
+    by_id = {h.id: h for h in load_hypotheses(project)}
+    cost, share = by_id["fx-cost-confirmed"], by_id["fx-share"]
+    one_run = [
+        records.run_results("20250101-000000", _on(cost, "confirmed", "r", "box1"), _on(share, "refuted", "r", "box1"))
+    ]
+    text = ledger.render(one_run)
+    assert "measured in" not in text  # one run on one machine: nothing to tell apart
+    two_runs = [
+        records.run_results("20250101-000000", _on(cost, "confirmed", "r", "box1"), _on(share, "refuted", "r", "box1")),
+        records.run_results("20250102-000000", _on(cost, "refuted", "s", "box1")),
+    ]
+    rows = [line for line in ledger.render(two_runs).splitlines() if line.startswith("| [`")]
+    assert rows[0].endswith(" | 20250102-000000 |") and rows[1].endswith(" | 20250101-000000 |"), rows
+    elsewhere = [*two_runs[:1], records.run_results("20250102-000000", _on(cost, "refuted", "s", "box2"))]
+    text = ledger.render(elsewhere)
+    assert (
+        "| measured in |" in text and " | 20250102-000000 on box2 |" in text and " | 20250101-000000 on box1 |" in text
+    )
+
+
+def test_a_plot_says_the_run_and_machine_it_stands_on():
+    from perfkit.experiment.records import plots
+    from perfkit.experiment.records.verdict import Judgement, Verdict
+
+    j = Judgement(verdict=Verdict.INCONCLUSIVE, reason="no samples", expected="≤ 1 ms")
+    bare = plots.render("h", j, [], lambda *a: None)
+    said = plots.render("h", j, [], lambda *a: None, source=results.source_of("r1", [_x("box1")]))
+    assert said != bare  # the corner says it
+    assert results.source_of("r1", [_x("box1"), _x("box2")]) == "run r1 on box1, box2"
+    assert results.source_of("r1", [results.Execution(key="k", notebook="p.ipynb", params={})]) == "run r1"
+
+
+def _x(host):
+    return results.Execution(key=host, notebook="p.ipynb", params={}, machine={"id": host, "host": host})

@@ -142,14 +142,14 @@ probe:
 {extra}"""
 
 
-#: the README's "Many machines" runs this pool: naps of 20 and 30 ms, each 5 ms from the bounds below, so the
+#: docs/cluster.md's "Many machines" runs this pool: naps of 20 and 30 ms, each 5 ms from the bounds below, so the
 #: sleeps' overshoot on a loaded machine (a fraction of a millisecond) never moves a verdict
 POOL = "local:2x1:slowdown=1,1.5"
 REPLICATES = 6
 
 
 #: the simulated pool's machines differ by a factor of 1.5 in naps of 20 ms, checked to a few per cent against
-#: the README's figures: a neighbour's load on the suite's two cores delays a wake-up by as much (scheduler
+#: docs/cluster.md's figures: a neighbour's load on the suite's two cores delays a wake-up by as much (scheduler
 #: latency), so these run in the `alone` group, one at a time, after the parallel one
 ALONE = pytest.mark.alone
 
@@ -332,9 +332,9 @@ def test_the_readme_runs_this_pool_and_says_what_it_measured(pooled):
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"<!-- many-machines[^>]*-->\n\s*```sh\n\s*(.*?)\n\s*```", readme, re.S)
-    assert block, "README lost its 'Many machines' block"
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- example many-machines[^>]*-->\n\s*```sh\n\s*(.*?)\n\s*```", readme, re.S)
+    assert block, "docs/cluster.md lost its 'Many machines' block"
     assert block.group(1).split() == ["perfkit", "run", "--all", "--replicates", str(REPLICATES), "--cluster", POOL]
     _, report, _ = pooled
     results = {h.id: h for h in report.results.hypotheses}

@@ -64,9 +64,14 @@ def test_every_flag_reaches_its_field():
         ({}, "name the hypotheses to run, or pass --all"),
         ({"ids": ("a",), "all": True}, "not both"),
         ({"all": True, "jobs": -1}, "--jobs must be at least 1, or auto, got -1"),
-        ({"all": True, "timeout_s": 0}, "--timeout must be a positive number"),
-        ({"all": True, "timeout_s": float("nan")}, "--timeout must be a positive number of seconds, got nan"),
-        ({"all": True, "timeout_s": float("inf")}, "--timeout must be a positive number of seconds, got inf"),
+        ({"all": True, "timeout_s": 0}, r"--timeout \(seconds\) must be a number above 0 to 2.592e\+06, got 0"),
+        ({"all": True, "timeout_s": float("nan")}, r"--timeout \(seconds\) must be a number above 0 .*, got nan"),
+        ({"all": True, "timeout_s": float("inf")}, r"--timeout \(seconds\) must be .*, got inf"),
+        ({"all": True, "timeout_s": 1e300}, r"--timeout \(seconds\) must be .*, got 1e\+300"),
+        ({"all": True, "budget_s": -1.0}, r"--budget \(seconds\) must be a number from 0 to 2.592e\+06, got -1"),
+        ({"all": True, "budget_s": float("nan")}, r"--budget \(seconds\) must be .*, got nan"),
+        ({"all": True, "budget_s": float("1e400")}, r"--budget \(seconds\) must be .*, got inf"),
+        ({"all": True, "budget_s": float("-inf")}, r"--budget \(seconds\) must be .*, got -inf"),
         ({"all": True, "replicates": 0}, "--replicates must be from 1"),
         ({"all": True, "replicates": 3, "max_replicates": 1}, "--max-replicates 1 is fewer than --replicates 3"),
         ({"all": True, "profile": "perf"}, "--profile: expected one of torch, nsys"),
@@ -76,6 +81,44 @@ def test_every_flag_reaches_its_field():
 def test_bad_options_are_refused_before_anything_runs(given, message):
     with pytest.raises(UserError, match=message):
         RunOptions(**given).check()
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "1e400", "-1", "1e9", "NaN", "Infinity"])
+@pytest.mark.parametrize("flag", ["--budget", "--timeout"])
+def test_a_number_that_means_nothing_is_refused_in_one_line_before_the_run_folder_exists(tmp_path, capsys, flag, text):
+    from perfkit.cli import main
+
+    shutil.copytree(FIXTURES, tmp_path / "p")
+    code = main(["--root", str(tmp_path / "p"), "run", "fx-cost-confirmed", f"{flag}={text}"])  # -1: not an option
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"perfkit: {flag} (seconds) must be a number") and err.count("\n") == 1, err
+    assert not (tmp_path / "p" / "runs").exists()
+
+
+def test_perfkit_check_never_blames_a_commit_for_perfkit_itself(tmp_path, capsys, monkeypatch):
+    """git bisect run reads 1-127 (but 125) as "bad": a refused option (the same at every commit) or a
+    crash of perfkit's own exits 128, which stops the bisect; a commit without the project is skipped."""
+    from perfkit.cli import main
+    from perfkit.experiment.run import runner
+
+    shutil.copytree(FIXTURES, tmp_path / "p")
+    root = ["--root", str(tmp_path / "p")]
+    assert main([*root, "check", "fx-cost-confirmed", "--budget", "nan"]) == 128
+    assert "--budget (seconds) must be" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # argparse's usage error, 2 elsewhere
+        main([*root, "check", "fx-cost-confirmed", "--replicates", "many"])
+    assert exited.value.code == 128 and "git bisect run stops" in capsys.readouterr().err
+
+    def crash(*args, **kwargs):
+        raise KeyError("a bug of perfkit's")
+
+    monkeypatch.setattr(runner, "run", crash)
+    assert main([*root, "check", "fx-cost-confirmed"]) == 128
+    err = capsys.readouterr().err
+    assert "KeyError" in err and "perfkit itself failed" in err
+    monkeypatch.undo()
+    (tmp_path / "empty").mkdir()
+    assert main(["--root", str(tmp_path / "empty"), "check", "fx-cost-confirmed"]) == 125
 
 
 def test_the_manifest_records_the_options_the_run_was_given(tmp_path, monkeypatch):

@@ -3,7 +3,7 @@
 A real temporary git repository holds a small package `ownlib` whose `work()` sleeps a known time;
 perfkit is installed into a fresh virtual environment from a built copy of this source (its
 dependencies come from this checkout's .venv through a .pth file: nothing is downloaded). Known
-truth: 4 ms per call, then 3x slower after an edit. The run must see the edit, re-execute, refute,
+truth: 4 ms per call, then 5x slower after an edit. The run must see the edit, re-execute, refute,
 say what changed and how far it moved, and never call it "not reproduced".
 """
 
@@ -54,21 +54,21 @@ def test_init_sets_up_a_repository_once_and_a_second_init_changes_nothing(repo, 
 
 
 def readme_block() -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    match = re.search(r"<!-- own-repository[^>]*-->\n```sh\n(.*?)```", readme, re.S)
-    assert match, "README lost its 'Use perfkit in your own repository' block"
+    readme = (ROOT / "docs" / "own-repository.md").read_text(encoding="utf-8")
+    match = re.search(r"<!-- example own-repository[^>]*-->\n```sh\n(.*?)```", readme, re.S)
+    assert match, "docs/own-repository.md lost its 'Use perfkit in your own repository' block"
     return match.group(1)
 
 
 def test_the_readme_section_runs_as_written_and_a_slowdown_is_measured_not_called_noise(tmp_path, installed):
-    """From `perfkit init` to the diff: confirmed at 4 ms, then 3x slower is re-executed and refuted."""
+    """From `perfkit init` to the diff: confirmed at 4 ms, then 5x slower is re-executed and refuted."""
     own_repository(tmp_path / "ownproject", delay_s=0.004)
     script = readme_block()
-    install = next(line for line in script.splitlines() if line.startswith("pip install perfkit"))
-    change = "# ... then a change makes ownlib.work() three times slower ..."
+    install = next(line for line in script.splitlines() if line.startswith("pip install "))
+    change = "# ... then a change makes ownlib.work() five times slower ..."
     assert change in script
     script = script.replace(install + "\n", "")  # the fixture installed it, from this source
-    script = script.replace(change, "sed -i 's/sleep(0.004)/sleep(0.012)/' ownlib/__init__.py")
+    script = script.replace(change, "sed -i 's/sleep(0.004)/sleep(0.020)/' ownlib/__init__.py")
     env = {k: v for k, v in installed.items() if not k.startswith("_")}
     done = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
     out = done.stdout
@@ -76,14 +76,14 @@ def test_the_readme_section_runs_as_written_and_a_slowdown_is_measured_not_calle
     assert "[execute] ownlib_work.ipynb n=1000: never measured" in out, out
     assert re.search(r"ownlib-work-under-8ms\s+confirmed\s+measured [3-5](\.\d+)? ms", out), out
     assert re.search(r"\[execute\] ownlib_work.ipynb n=1000: ownlib/__init__.py changed since run \S+", out), out
-    assert re.search(r"ownlib-work-under-8ms\s+refuted\s+measured 1[1-4](\.\d+)? ms", out), out
+    assert re.search(r"ownlib-work-under-8ms\s+refuted\s+measured (19|2[0-2])(\.\d+)? ms", out), out
     assert "NOT REPRODUCED" not in out and "nothing changed" not in out
     assert "confirmed → refuted" in out  # the diff
     repo = tmp_path / "ownproject"
     standing = verdict(repo, installed, "ownlib-work-under-8ms")
     assert standing["verdict"] == "refuted" and standing["not_reproduced"] is None
     assert standing["changed"].startswith("ownlib/__init__.py changed since run ")
-    assert re.search(r": [23](\.\d+)?x higher than [3-5](\.\d+)? ms \[", standing["changed"]), standing["changed"]
+    assert re.search(r": [45](\.\d+)?x higher than [3-5](\.\d+)? ms \[", standing["changed"]), standing["changed"]
     assert "changed: ownlib/__init__.py changed since run" in (repo / "hypotheses" / "LEDGER.md").read_text()
 
 
@@ -111,7 +111,8 @@ def test_a_cluster_run_imports_the_same_code_from_the_shipped_archive(measured, 
     repo = measured
     source = repo / "ownlib" / "__init__.py"
     was = source.read_text()
-    source.write_text("import time\n\n\ndef work():\n    time.sleep(0.012)\n")  # 3x slower
+    # 5x slower: more than a neighbour's load could explain (up to 1.5x on 2 cores), so refuted on a busy machine too
+    source.write_text("import time\n\n\ndef work():\n    time.sleep(0.020)\n")
     try:
         done = perfkit(repo, installed, "run", "ownlib-work-under-8ms", "--replicates", "1", "--cluster", "local:1")
     finally:
@@ -120,7 +121,7 @@ def test_a_cluster_run_imports_the_same_code_from_the_shipped_archive(measured, 
     assert re.search(
         r"\[execute\] ownlib_probe.ipynb repeat=12: ownlib/__init__.py changed; .*cluster none -> local:1", done.stdout
     )
-    assert re.search(r"ownlib-work-under-8ms\s+refuted\s+measured 1[1-4](\.\d+)? ms", done.stdout), done.stdout
+    assert re.search(r"ownlib-work-under-8ms\s+refuted\s+measured (19|2[0-2])(\.\d+)? ms", done.stdout), done.stdout
 
 
 def test_git_bisect_run_perfkit_check_finds_the_commit_that_made_it_slow(tmp_path, installed):

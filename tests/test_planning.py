@@ -3,6 +3,7 @@ checked against known truth by simulation: a plan decides more verdicts for the 
 never makes a wrong one more likely than the 5% a verdict may spend."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -43,6 +44,10 @@ def test_far_from_its_bound_a_hypothesis_gets_the_minimum_and_says_it_was_decide
         confidence=P.confidence(),
     )
     assert far.replicates == 3 and far.decides and far.why.startswith("refuted last run at 3")
+    assert far.why == "refuted last run at 3 (0.57)"  # one measurement: its own value
+    median = replace(known(0.57, 0.1, edges=(None, 200.0), verdict="refuted"), measurements=3)
+    said = policy.choose(P, median, COST, ranges={}, given={}, confidence=P.confidence()).why
+    assert said == "refuted last run at 3 (median 0.57 of the 3 latest measurements)"  # never called the last run's
 
 
 def test_near_its_bound_a_hypothesis_gets_the_replicates_its_forecast_asks_up_front():
@@ -202,3 +207,41 @@ def test_the_forecast_takes_the_median_spread_of_the_last_measurements_not_one_o
     assert priors.known(h, entries, quick=False).value == 1.0
     edited = hypothesis(h.expect, id="h")
     assert priors.known(type(edited)(**{**edited.__dict__, "hash": "1"}), entries, quick=True) is None  # another record
+
+
+def test_an_edited_probe_is_forecast_from_its_nearest_measured_execution_not_a_flat_guess():
+    """A record whose quick parameters were just edited (gen 64 -> 32) has no measurement with its key; its
+    replicates are forecast from the measured execution of the same probe, by any hypothesis, sharing the
+    most parameter values (the sample count scaled), not at UNKNOWN_COST_S: a flat 20 s a replicate for six
+    edited records once left half a quick run's hypotheses out of its budget."""
+    from types import SimpleNamespace
+
+    from records import result, run_results
+
+    from perfkit.experiment.records import history
+    from perfkit.experiment.records.results import Execution
+
+    def ran(notebook, wall, **params):
+        return Execution(key="k", notebook=notebook, params=params, wall_s=wall, setup_s=1.0, warm=True)
+
+    stored = [
+        result("a", "confirmed", run_id="r1", executions=(ran("s.ipynb", 6.0, ctx=1024, gen=64, repeats=10),)),
+        result("b", "refuted", run_id="r1", executions=(ran("s.ipynb", 11.0, ctx=32768, gen=16, repeats=5),)),
+        result("c", "confirmed", run_id="r1", executions=(ran("t.ipynb", 2.0, batch=8),)),
+    ]
+    full = result("d", "refuted", run_id="r2", executions=(ran("s.ipynb", 40.0, ctx=32768, gen=96, repeats=5),))
+    entries = history.history([run_results("r1", *stored), run_results("r2", full, quick=False)])
+    edited = Execution(key="new", notebook="s.ipynb", params={"ctx": 1024, "gen": 32, "repeats": 20})
+    near = priors.nearest_cost(edited, entries, {"repeats"}, warm=True)
+    assert near is not None and near.setup_s == 1.0 and near.at({"repeats": 20}) == pytest.approx(1.0 + 5.0 * 2)
+    assert priors.cost(edited, entries["a"], {"repeats"}, warm=True) is None  # no measurement with its own key
+    never = Execution(key="u", notebook="u.ipynb", params={})
+    assert priors.nearest_cost(never, entries, set(), warm=True) is None  # a probe never measured: a pilot's guess
+    tie = Execution(key="t", notebook="s.ipynb", params={"text": "code"})  # as near to all three: the latest
+    assert priors.nearest_cost(tie, entries, {"repeats"}, warm=True).at({"repeats": 5}) == 40.0
+    quick_only = {hid: [e for e in runs if e.run.quick] for hid, runs in entries.items()}  # then the dearer
+    assert priors.nearest_cost(tie, quick_only, {"repeats"}, warm=True).at({"repeats": 5}) == 11.0
+    # the plan offers its own mode's runs first: a quick run is forecast at a quick run's 11 s, not 40
+    setting = priors.Setting(quick=True, warm=True, fixed=set(), reusable=lambda x: 0, replan=None)
+    plan = SimpleNamespace(needs={"new": ("t",)})
+    assert priors._cost_of(tie, [], plan, entries, {"repeats"}, setting).at({"repeats": 5}) == 11.0

@@ -3,8 +3,8 @@ import pytest
 from records import execution, hypothesis
 
 from perfkit.experiment.records import plots
-from perfkit.experiment.records.hypothesis import Sweep
 from perfkit.experiment.records.kinds import expectation
+from perfkit.experiment.records.probe import Sweep
 from perfkit.experiment.run.judging import judged
 from perfkit.phases import STEP, UNATTRIBUTED
 from perfkit.samples import MetricRecord
@@ -31,8 +31,8 @@ def replicated(expect, processes, sweep=None):
     return h, item.judgement, list(item.points)
 
 
-def plot_verdict(h, j, points, path, *, dpi=plots.DPI):
-    return plots.write_plot(path, plots.render(h.id, j, points, h.expect.plot, dpi=dpi))
+def plot_verdict(h, j, points, path):
+    return plots.write_plot(path, plots.render(h.id, j, points, h.expect.plot))
 
 
 def drawn_figure(h, j, points):

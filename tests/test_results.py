@@ -80,6 +80,40 @@ def test_malformed_results_name_the_file_and_field(tmp_path):
     assert caught.value.path.endswith("20250101-000000.json")
 
 
+IMPOSSIBLE = [  # (where in the stored file, the value, the field the error names): numbers their meaning forbids
+    (("pace_s",), 1e-300, "pace_s"),  # it once starved the run: "would have needed about 3993806709... s"
+    (("pace_s",), 0, "pace_s"),
+    (("hypotheses", 0, "measured", "confidence"), 5, "hypotheses[0].measured.confidence"),
+    (("hypotheses", 0, "measured", "confidence"), 0.01, "hypotheses[0].measured.confidence"),
+    (("hypotheses", 0, "measured", "between"), 1.5, "hypotheses[0].measured.between"),
+    (("hypotheses", 0, "measured", "between_machines"), -0.1, "hypotheses[0].measured.between_machines"),
+    (("hypotheses", 0, "measured", "replicates"), 0, "hypotheses[0].measured.replicates"),
+    (("hypotheses", 0, "measured", "value"), 0.5, "hypotheses[0].measured.value"),  # outside [0.16, 0.21]
+    (("hypotheses", 0, "metrics", 0, "between"), "nan", "hypotheses[0].metrics[0].between"),
+    (("hypotheses", 0, "metrics", 0, "n"), 0, "hypotheses[0].metrics[0].n"),
+    (("hypotheses", 0, "metrics", 0, "replicates"), 4, "hypotheses[0].metrics[0].replicates"),  # of n=3
+    (("hypotheses", 0, "executions", 0, "wall_s"), -1, "hypotheses[0].executions[0].wall_s"),
+    (("hypotheses", 0, "executions", 0, "setup_s"), 1e12, "hypotheses[0].executions[0].setup_s"),
+]
+
+
+@pytest.mark.parametrize(("where", "value", "field"), IMPOSSIBLE)
+def test_a_stored_number_its_meaning_forbids_is_refused_naming_file_and_field(tmp_path, where, value, field):
+    """A hand-edited or corrupted results file is read as strictly as a record: a share outside [0, 1], a
+    level outside (50%, 100%), a pace or a time no machine has, an estimate outside its own interval."""
+    project = Project(tmp_path)
+    path = results.write_results(project, sample_results())
+    data = json.loads(path.read_text())
+    node = data
+    for step in where[:-1]:
+        node = node[step]
+    node[where[-1]] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError) as caught:
+        results.load_all_results(project)
+    assert caught.value.field.endswith(field) and caught.value.path.endswith("20250101-000000.json"), caught.value
+
+
 def test_format_1_files_are_upgraded_to_one_execution_shape(tmp_path):
     """A committed version-1 results file (`cached`) and a version-1 execution.json (`cached_from`)."""
     project = Project(tmp_path)

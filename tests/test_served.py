@@ -15,8 +15,8 @@ from records import execution, hypothesis, result, run_results, shared_cores
 from perfkit.experiment.outputs import ledger
 from perfkit.experiment.records import formats, results, served
 from perfkit.experiment.records.code import CodeState
-from perfkit.experiment.records.hypothesis import Probe
 from perfkit.experiment.records.kinds.value import AtMost
+from perfkit.experiment.records.probe import Probe
 from perfkit.experiment.run import plan
 from perfkit.experiment.run.options import RunOptions
 from perfkit.paths import Project

@@ -12,6 +12,7 @@ import getpass
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -352,10 +353,10 @@ def test_a_job_slurm_refuses_or_never_starts_is_a_clear_error_and_leaves_no_job(
 
 
 def _readme_block() -> str:
-    """The `[tool.perfkit]` block of the README's Slurm paragraph."""
-    text = (ROOT / "README.md").read_text()
+    """The `[tool.perfkit]` block of the Slurm paragraph of docs/cluster.md."""
+    text = (ROOT / "docs" / "cluster.md").read_text()
     found = re.search(r"\*\*Slurm:\*\*.*?```toml\n(.*?)```", text, re.S)
-    assert found, "README: the Slurm paragraph has no toml block"
+    assert found, "docs/cluster.md: the Slurm paragraph has no toml block"
     return found.group(1)
 
 
@@ -377,13 +378,13 @@ def test_the_readme_slurm_table_makes_the_job_script_it_says(tmp_path, monkeypat
         assert line in script, script
     assert "module load cuda" in script and "--nthreads 1" in script and "--resources measure=1,GPU=1" in script
     assert f"#SBATCH -o {tmp_path}/cache/slurm/{slurm.JOB_NAME}-%J.out" in script  # the default `logs`
-    readme = (ROOT / "README.md").read_text()
-    for said in re.findall(r"--cluster (slurm:\S*?)`", readme):  # every one-line form the README shows
+    readme = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+    for said in re.findall(r"--cluster (slurm:\S*?)`", readme):  # every one-line form the docs show
         slurm.parse(said)
     defaults = re.search(r"Defaults: the cluster's default partition,(.*?)\(`logs`\)", readme, re.S).group(1)
     stated = dict(re.findall(r"`(\w+) = ([^`]+)`", defaults))
     assert set(stated) == {"jobs", "cores", "memory", "walltime", "wait_s"}
-    for key, value in stated.items():  # the defaults the README states are the code's
+    for key, value in stated.items():  # the defaults the docs state are the code's
         assert tomllib.loads(f"v = {value}")["v"] == getattr(slurm.Slurm(), key), key
 
 
@@ -460,3 +461,29 @@ def test_without_dask_jobqueue_or_slurm_the_error_says_what_to_install(monkeypat
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(UserError, match=r"Slurm's sbatch, squeue, scancel not found here"):
         cluster.connect("slurm:")
+
+
+@pytest.mark.parametrize("python", ["python3;touch pwned", "$(touch pwned)", "/opt/my env/bin/python", "py`id`"])
+def test_the_python_key_reaches_the_job_script_as_one_quoted_word(tmp_path, monkeypatch, python):
+    """Issue 45: `python3;touch pwned` ran on the node. The job script now runs the key as one word."""
+    monkeypatch.setenv("PERFKIT_CACHE_DIR", str(tmp_path / "cache"))
+    settings = slurm.parse(f"slurm:partition=debug,python={python}")
+    pytest.importorskip("distributed")
+    made = slurm._jobqueue().SLURMCluster(**slurm.job_options(settings, resource=cluster.RESOURCE))
+    try:
+        script = made.job_script()
+    finally:
+        made.close()
+    (line,) = [row for row in script.splitlines() if "distributed.cli" in row]
+    words = shlex.split(line)
+    assert words[0] == python and words[1] == "-m", words
+    assert subprocess.run(["bash", "-n", "-c", line]).returncode == 0  # still one command to bash
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("key", ["partition", "account", "interface", "logs"])
+@pytest.mark.parametrize("bad", ["gpu\n#SBATCH --exclusive", "gpu\rx", "gpu\x1b[2J"])
+def test_a_slurm_text_key_with_a_control_character_is_refused(tmp_path, key, bad):
+    (tmp_path / "pyproject.toml").write_text(f"[tool.perfkit]\ncluster = {{slurm = {{{key} = {json.dumps(bad)}}}}}\n")
+    with pytest.raises(UserError, match=rf"cluster.slurm.{key} must be a string of one line, without control"):
+        config.read(Project(tmp_path))

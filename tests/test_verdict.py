@@ -7,8 +7,8 @@ from records import execution as run
 from records import hypothesis as hyp
 from records import metric
 
-from perfkit.experiment.records.hypothesis import Sweep
 from perfkit.experiment.records.kinds import expectation
+from perfkit.experiment.records.probe import Sweep
 from perfkit.experiment.records.verdict import Verdict
 from perfkit.experiment.run.judging import judge
 from perfkit.phases import BREAKDOWN, STEP
@@ -188,3 +188,9 @@ def test_in_a_notebook_the_one_process_warning_is_said_at_the_first_record_only(
     first, second = (recording.summary_line(p) for p in payloads)
     assert "warning: one process:" in first and "said once per notebook" in first
     assert "one process" not in second
+
+
+def test_every_printed_line_says_its_interval_level():
+    j = judge(hyp(COST), [run(metric("mask", 150))])
+    assert "(95% interval)" in j.line()  # a run's verdict line has no header to say it
+    assert j.measured.text() == j.measured.text(level=True).removesuffix(" (95% interval)")  # the ledger's cells

@@ -4,6 +4,7 @@ interval still sees it; `--fresh-processes` starts them the old way. Real paperm
 small probe, in a project made by the test."""
 
 import json
+import tempfile
 import threading
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from records import run, shared_machine
 from perfkit.experiment.run import warm
 from perfkit.experiment.run.scaffold import probe_notebook
 from perfkit.paths import Project
+from perfkit.processes import alive
 
 PROBE = """import os, sys, threading
 import numpy as np
@@ -184,3 +186,112 @@ def test_a_template_with_a_thread_running_refuses_to_fork():
     finally:
         stop.set()
         worker.join()
+
+
+KILLS_ITS_TEMPLATE = """import os, signal, time
+from pathlib import Path
+import psutil
+import perfkit
+
+executor = psutil.Process(os.getppid())  # the kernel's parent; the executor's is the round's template
+template = executor.parent()
+marker = Path("killed-a-template")
+if not marker.exists() and any("--template" in part for part in template.cmdline()):
+    marker.write_text(str(template.pid))
+    template.send_signal(signal.SIGKILL)  # mid-round: this replicate and the next still measure
+    time.sleep(0.5)
+perfkit.record("offset", [10.0 + 0.01 * i for i in range(10)], unit="ms")
+"""
+
+
+def test_a_killed_template_loses_no_replicate_and_the_round_goes_on_fresh(tmp_path):
+    """Issue 45: SIGKILL to the warm template mid-round turned the rest of the round into a
+    ConnectionRefusedError traceback and called a healthy kernel dead. Now the replicate running when it
+    died finishes (its executor is adopted and lives while the run does), the round's later replicates
+    start as fresh processes, and the run says so once."""
+    root = tmp_path / "p"
+    (root / "hypotheses").mkdir(parents=True)
+    (root / "notebooks").mkdir()
+    nbformat.write(probe_notebook("n: int = 1", KILLS_ITS_TEMPLATE), str(root / "notebooks" / "identity.ipynb"))
+    for i in (1, 2):
+        (root / "hypotheses" / f"identity-{i}.yaml").write_text(HYPOTHESIS.format(id=f"identity-{i}", n=i))
+    project = Project(root)
+    lines: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        shared_machine(mp)
+        report = run(project, all=True, quick=True, replicates=2, budget_s=0, out=lines.append)
+    assert (root / "notebooks" / "killed-a-template").exists()
+    executions = sorted((x for h in report.results.hypotheses for x in h.executions), key=lambda x: x.replicate)
+    assert len(executions) == 4 and all(x.status == "ok" for x in executions), [x.reason for x in executions]
+    said = [line for line in lines if "the round's remaining replicates start as fresh processes" in line]
+    assert len(said) == 1 and "the template exited (-9)" in said[0], lines
+    assert sorted(x.warm for x in executions) == [False, True, True, True]  # one fresh, after the kill
+    assert not any("Traceback" in line or "CRASHED" in line or "ConnectionRefused" in line for line in lines)
+
+
+def test_the_socket_folder_of_a_template_killed_with_its_run_is_removed_by_the_next(tmp_path):
+    """Issue 45: a run and its template killed with SIGKILL left a perfkit-warm-* folder under the temporary
+    directory each time. A template that outlives its run removes its own; one killed too is swept when
+    the next template starts (its socket has no listener), and a live template's folder is kept."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import os\nfrom perfkit.experiment.run import warm\n"
+        "t = warm.Template(env=dict(os.environ), preload=[], root=None)\n"
+        "print(t.folder, t.proc.pid, flush=True)\nos.kill(t.proc.pid, 9)\nos._exit(0)  # both, as SIGKILL would\n"
+    )
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    killed = Path(shown.stdout.split()[0])
+    assert killed.name.startswith(warm.FOLDER_PREFIX) and (killed / "template.sock").is_socket()
+    deadline = time.monotonic() + 10
+    while _listening(killed / "template.sock") and time.monotonic() < deadline:  # a killed process's socket
+        time.sleep(0.05)  # closes a moment after it is a zombie
+    being_made = Path(tempfile.mkdtemp(prefix=warm.FOLDER_PREFIX))  # no socket yet: its template is importing
+    live = warm.Template(env=dict(os.environ), preload=[], root=None)
+    try:
+        assert not killed.exists() and being_made.exists()
+        assert warm.sweep(Path(tempfile.gettempdir())) == [] and live.folder.exists()  # a live one is kept
+    finally:
+        live.close()
+        being_made.rmdir()
+    assert not live.folder.exists()
+
+
+def _listening(path: Path) -> bool:
+    import socket
+
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def test_a_template_whose_run_died_right_after_it_was_ready_stops_and_removes_its_folder():
+    """A template read which process was its run only after it said it was ready: a run killed in between
+    (as here, at once) left a template running for ever, adopted by init, and its socket folder."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import os\nfrom perfkit.experiment.run import warm\n"
+        "t = warm.Template(env=dict(os.environ), preload=[], root=None)\n"
+        "print(t.folder, t.proc.pid, flush=True)\nos._exit(0)  # the run gone, its template not told\n"
+    )
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    folder, pid = Path(shown.stdout.split()[0]), int(shown.stdout.split()[1])
+    deadline = time.monotonic() + 20
+    while (folder.exists() or alive(pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    still = alive(pid)
+    if still:
+        os.kill(pid, 9)
+    assert not still and not folder.exists(), f"template {pid} still running: {still}; folder left: {folder.exists()}"

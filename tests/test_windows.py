@@ -64,7 +64,7 @@ def _project(root: Path, url: str) -> Project:
 def test_a_run_on_a_running_server_measures_windows_of_one_process_and_says_so(tmp_path, running, monkeypatch):
     project = _project(tmp_path, running.url)
     shared_machine(monkeypatch)
-    report = run(project, all=True, replicates=2, max_replicates=2, jobs=2, timeout_s=120, out=lambda line: None)
+    report = run(project, all=True, replicates=2, max_replicates=4, jobs=2, timeout_s=120, out=lambda line: None)
     (h,) = report.results.hypotheses
     assert h.verdict == "confirmed", h.reason
     instances = [x.server_instance for x in h.executions]

@@ -14,6 +14,8 @@ import os
 import platform
 from pathlib import Path
 
+from perfkit import environment
+
 __all__ = ["cpu_model", "nvml", "gpu_names", "fingerprint_inputs", "fingerprint", "machine_id", "identity"]
 
 
@@ -111,8 +113,9 @@ MACHINE_ID = "PERFKIT_MACHINE_ID"  # set: this machine's id (a simulated machine
 def machine_id() -> str:
     """This machine's id, stable across runs and reboots: $PERFKIT_MACHINE_ID, else a short hash of the
     OS's machine id (/etc/machine-id, systemd's and dbus's) with the host name (containers cloned from
-    one image may share the file), else of the host name alone."""
-    given = os.environ.get(MACHINE_ID, "").strip()
+    one image may share the file), else of the host name alone. A $PERFKIT_MACHINE_ID that is not an id
+    (environment.identifier) is refused."""
+    given = environment.identifier(MACHINE_ID)
     if given:
         return given
     seed = ""

@@ -21,7 +21,7 @@ the time the notebook's cells ran counts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 SHARED, STRICT = "shared", "strict"
 MODES = (SHARED, STRICT)
@@ -34,10 +34,19 @@ class Limits:
     logical cores (the same limits mean the same on 2 cores and on 64), a replicate unfit ("strict").
     Set in `[tool.perfkit] fitness = "strict"` or `fitness = {foreign_share = ..., ...}` (strict, those limits)."""
 
-    foreign_share: float = 0.25  # mean load of processes outside the probe's tree above this share: unfit
-    episode_share: float = 0.5  # a second with foreign load above this share of the cores is a load episode
-    episodes: float = 0.25  # ... and more than this share of the seconds in episodes: unfit
-    mode: str = SHARED
+    foreign_share: float = field(
+        default=0.25, metadata={"says": "mean load of processes outside the probe's tree above this share: unfit"}
+    )
+    episode_share: float = field(
+        default=0.5, metadata={"says": "a second with foreign load above this share of the cores is a load episode"}
+    )
+    episodes: float = field(
+        default=0.25, metadata={"says": "more than this share of the seconds in load episodes: unfit"}
+    )
+    mode: str = field(
+        default=SHARED,
+        metadata={"says": 'shared (load recorded and measured through) or strict; a table of limits is "strict"'},
+    )
 
     @property
     def strict(self) -> bool:

@@ -61,7 +61,7 @@ def time_three_ways(fn, *, calls: int = 50, warmup: int = 5) -> dict:
     """Milliseconds per call of `fn` by CUDA events, host clock without sync, host clock with sync."""
     (events_s,) = bench(fn, warmup=warmup, repeat=1, inner=calls, sync="cuda")
     (nosync_s,) = bench(fn, warmup=0, repeat=1, inner=calls, sync="none")  # launches only: kernels still queued
-    per_call = bench(fn, warmup=0, repeat=calls, sync="each")  # its first sync drains that queue, untimed
+    per_call = bench(fn, warmup=0, repeat=calls, inner=1, sync="each")  # its first sync drains that queue, untimed
     return {
         "calls": calls,
         "events_ms": events_s * 1e3,

@@ -90,7 +90,9 @@ class _Tree:
     YOUNG_RESCAN_S = 0.2
 
     def __init__(self, pid: int, *, rescan_s: float = 1.0, also: tuple[int, ...] = ()):
-        self.root = psutil.Process(pid)
+        # None: the process had already ended (a cancelled job, a probe that failed at once); the
+        # trace still holds the machine's load, and the tree reads as empty rather than failing the run
+        self.root = _process(pid)
         self.also = [p for p in (_process(pid) for pid in also) if p is not None]  # more roots: a driven server
         self.rescan_s = rescan_s
         self.born = time.time()
@@ -105,7 +107,7 @@ class _Tree:
         if now - self.scanned_at >= (self.rescan_s if now - self.born > self.YOUNG_S else self.YOUNG_RESCAN_S):
             self.scanned_before, self.scanned_at = self.scanned_at, now
             found = []
-            for root in [self.root, *self.also]:
+            for root in [r for r in (self.root, *self.also) if r is not None]:
                 try:
                     found += [root] + root.children(recursive=True)
                 except psutil.NoSuchProcess:

@@ -169,14 +169,26 @@ class MetricsWindow:
             kept = prometheus.labels_without(labels, "le")
             if by is not None:
                 kept = tuple((k, v) for k, v in kept if k == by)
-            part = parts.setdefault(kept, {"buckets": {}, "count": 0.0, "sum": 0.0})
+            part = parts.setdefault(kept, {"buckets": {}, "count": None, "sum": None})
             if name.endswith("_bucket") and le is not None:
                 bound = float(le)
                 part["buckets"][bound] = part["buckets"].get(bound, 0.0) + grown
             elif name.endswith("_count"):
-                part["count"] += grown
+                part["count"] = (part["count"] or 0.0) + grown
             elif name.endswith("_sum"):
-                part["sum"] += grown
+                part["sum"] = (part["sum"] or 0.0) + grown
+        for labels, p in parts.items():  # what Prometheus promises of a histogram (a non-finite value was dropped)
+            lacks = [
+                what
+                for what, missing in (
+                    ("+Inf bucket", math.inf not in p["buckets"]),
+                    ("finite _count", p["count"] is None),
+                    ("finite _sum", p["sum"] is None),
+                )
+                if missing
+            ]
+            if lacks:
+                raise UserError(f"{self.url}: histogram {family}{dict(labels)} has no {' and no '.join(lacks)}")
         return {
             labels: Histogram(family, labels, tuple(sorted(p["buckets"].items())), p["count"], p["sum"])
             for labels, p in sorted(parts.items())

@@ -27,6 +27,7 @@ from typing import Any
 from perfkit.endpoints import free_port, get_json, identity
 from perfkit.engineoptions import EngineOptions
 from perfkit.errors import UserError
+from perfkit.processes import alive
 
 STARTUP_TIMEOUT_S = 600.0  # loading weights and spawning TP ranks on a busy CPU takes a while
 STOP_GRACE_S = 15.0  # SIGTERM, then this long, then SIGKILL
@@ -39,21 +40,6 @@ def _health(url: str) -> int | None:
         return get_json(f"{url}/health", timeout=2.0)[0]
     except (urllib.error.URLError, OSError):
         return None
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
 
 
 def _group_alive(pgid: int) -> bool:
@@ -196,7 +182,7 @@ class Server:
         return process.wait()
 
     def _remains(self, pgid: int) -> bool:
-        return _group_alive(pgid) or any(_alive(p) for p in self._pids)
+        return _group_alive(pgid) or any(alive(p) for p in self._pids)
 
     def _kill_remains(self, pgid: int, *, wait: bool) -> None:
         """Its ranks (its process group, the pids its identity named): a grace after the leader exits, then SIGKILL."""
@@ -206,7 +192,7 @@ class Server:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
         for pid in self._pids:
-            if _alive(pid):
+            if alive(pid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
 

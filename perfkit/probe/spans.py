@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 
+from perfkit import environment
 from perfkit.phases import PHASES, STEP, UNATTRIBUTED
 from perfkit.probe import proflines, reports
 from perfkit.probe.aggregate import FOLD_EVERY, Series
@@ -53,7 +54,7 @@ _INTERVAL = "PERFKIT_PROFILE_INTERVAL"  # seconds between reports of every name 
 _enabled_by_env = os.environ.get("PERFKIT_PROFILE", "").strip().lower() in ("1", "true", "yes", "on")
 _forced = False  # set_enabled(True)
 _captures: list[Capture] = []  # active capture() blocks, innermost last
-_log_every = max(1, int(os.environ.get("PERFKIT_PROFILE_EVERY", "50") or 50))
+_log_every = environment.count_or_default("PERFKIT_PROFILE_EVERY", 50)
 _stream = sys.stderr  # where log lines go; tests may swap it via set_log_every(stream=...)
 _lock = threading.Lock()  # one resolver of CUDA events and reader of a CUDA series at a time
 _active = _enabled_by_env

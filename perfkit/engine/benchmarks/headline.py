@@ -112,7 +112,7 @@ def _alternating_times(drafts: list, budget: int, *, pairs: int, sync: str) -> d
     times = {name: [] for name in BUILDERS}
     for i in range(pairs + 2):
         for name, build in BUILDERS.items():
-            (seconds,) = bench(partial(build, drafts[i % len(drafts)], budget), warmup=0, repeat=1, sync=sync)
+            (seconds,) = bench(partial(build, drafts[i % len(drafts)], budget), warmup=0, repeat=1, inner=1, sync=sync)
             if i >= 2:
                 times[name].append(seconds)
     return times

@@ -212,6 +212,8 @@ async def _body(request) -> dict:
         body = json.loads(await request.body())
     except (ValueError, UnicodeDecodeError) as exc:
         raise Failure(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:  # nested thousands deep: the client's fault, not the server's
+        raise Failure(400, "the request body is not valid JSON: nested too deep") from None
     if not isinstance(body, dict):
         raise Failure(400, "the request body must be a JSON object")
     return body

@@ -23,7 +23,8 @@ from typing import Any
 from perfkit.errors import UserError
 from perfkit.experiment.bisect import search as bisect
 from perfkit.experiment.bisect import worktrees
-from perfkit.experiment.records.hypothesis import MAX_REPLICATES, load_hypotheses
+from perfkit.experiment.records.hypothesis import load_hypotheses
+from perfkit.experiment.records.probe import MAX_REPLICATES
 from perfkit.experiment.records.results import load_all_results
 from perfkit.experiment.run import cluster as remote
 from perfkit.experiment.run import rundir, runner
@@ -199,7 +200,7 @@ class Measurer:
             return bisect.Point(replicates, None, f"cannot be measured here: {exc}")
         (result,) = report.results.hypotheses
         found = bisect.point(replicates, result, report.run_id)
-        shown = found.skipped or f"{result.verdict}, {result.measured.text()}"
+        shown = found.skipped or f"{result.verdict}, {result.measured.text(level=True)}"
         self.say(f"bisect: {commit.short}: {shown}")
         return found
 

@@ -26,7 +26,7 @@ def rows(b: Bisected) -> list[tuple[str, str, str, str, str]]:
             continue
         r = p.result
         verdict = "skipped" if p.skipped else r.verdict
-        shown = p.skipped if p.skipped else r.measured.text()
+        shown = p.skipped if p.skipped else r.measured.text(level=True)
         out.append((commit.short, commit.subject, verdict, shown, str(p.replicates)))
     return out
 
@@ -39,7 +39,7 @@ def change_lines(b: Bisected) -> list[tuple[bool, str]]:
         pb, pa = b.outcome.points.get(c.before), b.outcome.points.get(c.after)
         span = ""
         if pb is not None and pa is not None and pb.usable and pa.usable:
-            span = f", {pb.result.measured.text()} -> {pa.result.measured.text()}"
+            span = f", {pb.result.measured.text(level=True)} -> {pa.result.measured.text(level=True)}"
         if c.decided:
             lines.append((True, f"{after.short} {after.subject!r} (after {before.short}): {c.moved}{span}"))
         else:

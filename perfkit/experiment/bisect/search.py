@@ -165,9 +165,9 @@ class Search:
         while not differ(self.at(0), self.at(last)):
             if not self.grow(0, last):
                 self.out.verdict = "no change"
+                ends = (self.at(i).result.measured.text(level=True) for i in (0, last))
                 self.out.words = (
-                    f"the two ends cannot be told apart with {self.most} replicates each "
-                    f"({self.at(0).result.measured.text()} and {self.at(last).result.measured.text()})"
+                    f"the two ends cannot be told apart with {self.most} replicates each ({' and '.join(ends)})"
                 )
                 return self.out
         segments = [(0, last)]
@@ -210,7 +210,7 @@ class Search:
                     continue
                 return cut
             if not self.grow(*chain):
-                shown = ", ".join(self.at(i).result.measured.text() for i in inside)
+                shown = ", ".join(self.at(i).result.measured.text(level=True) for i in inside)
                 words = f"{shown} cannot be told from either end with {self.most} replicates"
                 self.out.changes.append(Change(a, b, words, False))
                 return []

@@ -1,18 +1,21 @@
 """Other commits of the user's repository, checked out beside it: what `perfkit bisect` measures.
 
 Each commit is a detached git worktree under runs/bisect-<stamp>/, removed (with git's record of
-it) when the bisect ends, however it ends. The user's HEAD, index and work tree are never touched:
-`git worktree add` writes only the new folder and an entry under .git/worktrees/.
+it) when the bisect ends, however it ends; what a bisect killed with SIGKILL left, the next one
+removes. The user's HEAD, index and work tree are never touched: `git worktree add` writes only the
+new folder and an entry under .git/worktrees/.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from perfkit.errors import UserError
 from perfkit.paths import Project, git, git_try
+from perfkit.processes import alive
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,26 @@ class Worktrees:
         self.made: dict[str, Path] = {}
 
     def __enter__(self) -> Worktrees:
+        self._sweep()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / OWNER).write_text(str(os.getpid()), encoding="utf-8")
         return self
+
+    def _sweep(self) -> None:
+        """What a killed bisect left (its owner's process gone): its worktrees removed and git's record pruned.
+        A bisect still running beside this one (its owner alive) keeps its own."""
+        for other in self.folder.parent.parent.glob(f"*/{self.folder.name}"):
+            try:
+                pid = int((other / OWNER).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if other == self.folder or alive(pid):
+                continue
+            for path in other.iterdir():
+                if path.is_dir():
+                    git_try(self.top, "worktree", "remove", "--force", "--force", str(path))
+            shutil.rmtree(other, ignore_errors=True)
+        git_try(self.top, "worktree", "prune")
 
     def __exit__(self, *exc) -> None:
         self.remove()
@@ -92,5 +114,9 @@ class Worktrees:
             shutil.rmtree(path, ignore_errors=True)
         self.made.clear()
         git_try(self.top, "worktree", "prune")
+        (self.folder / OWNER).unlink(missing_ok=True)
         if self.folder.is_dir() and not any(self.folder.iterdir()):
             self.folder.rmdir()
+
+
+OWNER = ".owner"  # the pid of the bisect that made a worktrees folder: one whose process is gone left litter

@@ -21,7 +21,7 @@ from perfkit.experiment.outputs.words import (
     run_words,
     url,
 )
-from perfkit.experiment.records import served
+from perfkit.experiment.records import results, served
 from perfkit.experiment.records.compare import floor_move
 from perfkit.experiment.records.history import Entry, attempt, before, history, standing
 from perfkit.experiment.records.hypothesis import load_hypotheses
@@ -38,7 +38,8 @@ HEADER = (
 )
 
 
-SHOWN_HISTORY = 5  # measurements per hypothesis shown in History before the collapsed rest
+SHOWN_HISTORY = 5  # measurements per hypothesis shown in its history; `perfkit show ID` has them all
+SHOWN_FLIPS = 3  # older verdict flips kept in view beside them, the latest first to go
 
 
 def _flipped(entry: Entry, previous: Entry | None) -> bool:
@@ -127,11 +128,13 @@ def _section(hid: str, runs: list[Entry]) -> list[str]:
     previous = [before(runs, e) for e in runs]
     rows = [_history_row(e, p) for e, p in zip(runs, previous)]
     older = rows[:-SHOWN_HISTORY]
-    # the flips kept in view: from the verdicts, never from a row's text
-    flips = [row for row, e, p in zip(older, runs, previous) if _flipped(e, p)]
+    # the flips kept in view: from the verdicts, never from a row's text; the latest few, so that the
+    # ledger a reviewer reads does not grow with the number of runs
+    flips = [row for row, e, p in zip(older, runs, previous) if _flipped(e, p)][-SHOWN_FLIPS:]
     lines += [*header, *flips, *rows[-SHOWN_HISTORY:], ""]
     if older:
-        lines += [f"<details><summary>all {len(rows)} measurements</summary>", "", *header, *rows, "", "</details>", ""]
+        left = len(older) - len(flips)
+        lines += [f"{left} earlier measurement{'s' if left != 1 else ''}: `perfkit show {hid}`", ""]
     return lines
 
 
@@ -144,23 +147,39 @@ def _load_words(run: RunResults) -> str:
     return f"; {words}" if words else ""
 
 
+def _measured_in(stands: dict[str, Entry]) -> dict[str, str]:
+    """Each row's run (and its machines, when rows differ in them), when the rows stand on more than one run or
+    machine: a reader must not take rows measured apart for one measurement. Empty when they all share both."""
+    runs = {e.run_id for e in stands.values()}
+    hosts = {hid: ", ".join(results.hosts(e.result.executions)) for hid, e in stands.items()}
+    several = len(set(hosts.values())) > 1
+    if len(runs) < 2 and not several:
+        return {}
+    return {
+        hid: e.run_id + (f" on {hosts[hid] or 'a machine not recorded'}" if several else "")
+        for hid, e in stands.items()
+    }
+
+
 def render(all_results: list[RunResults]) -> str:
     """The ledger text. Depends on the results only: same results, same bytes."""
     entries = history(all_results)
     every = [e.result for runs in entries.values() for e in runs]
+    stands = {hid: standing(runs) for hid, runs in entries.items()}
+    where = _measured_in(stands)
     lines = [
         HEADER + (LEVEL_NOTE if other_levels(every) else ""),
-        "| hypothesis | verdict | claim | measured [95% interval] vs expected | off by |",
-        "|---|---|---|---|---|",
+        "| hypothesis | verdict | claim | measured [95% interval] vs expected | off by |"
+        + (" measured in |" if where else ""),
+        "|---|---|---|---|---|" + ("---|" if where else ""),
     ]
     shown_runs: dict[str, RunResults | None] = {}
-    for hid, runs in entries.items():
-        latest = standing(runs)
+    for hid, latest in stands.items():
         shown_runs[latest.run_id] = latest.run
         r = latest.result
         lines.append(
             f"| [{code(hid)}](#{anchor(hid)}) | {verdict_words(r)} | {cell(r.claim)} | {cell(_against(r))} "
-            f"| {cell(off_by_text(r))} |"
+            f"| {cell(off_by_text(r))} |" + (f" {cell(where[hid])} |" if where else "")
         )
     lines += ["", "Measured by:", ""]
     for run_id in sorted(shown_runs):

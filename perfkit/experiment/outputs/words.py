@@ -6,17 +6,21 @@ import re
 from urllib.parse import quote
 
 from perfkit.experiment.records.results import HypothesisResult, RunResults
+from perfkit.text import printable
 
 # What a results file could use to end a table cell, a code span or open raw HTML, written as itself.
 _MARKDOWN = str.maketrans({"\\": "\\\\", "|": "\\|", "`": "\\`", "&": "&amp;", "<": "&lt;", ">": "&gt;"})
+_LINK = re.compile(r"\]\(|!\[")  # what makes a link or an image of text: `[text](url)`, `![alt](url)`
 _PLAIN = re.compile(r"[A-Za-z0-9_.:/=+-]+")  # nothing here can end a code span or a cell
 
 
 def cell(text: str | None) -> str:
-    """Text from a results file as one Markdown table cell (or list item): one line, shown as written."""
+    """Text from a results file as one Markdown table cell (or list item): one line, shown as written
+    (controls written out by `perfkit.text.printable`: LEDGER.md stays a text file whatever a probe said)."""
     if not text:
         return "—"
-    return " ".join(text.translate(_MARKDOWN).splitlines()).strip()
+    shown = _LINK.sub(lambda m: m.group()[0] + "\\" + m.group()[1], text.translate(_MARKDOWN))
+    return " ".join(printable(shown.replace("\t", " ")).splitlines()).strip()
 
 
 def code(text: str) -> str:

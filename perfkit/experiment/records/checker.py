@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -131,6 +132,23 @@ class Located:
         return RecordError(message, path=self.path, line=line or self.line(where), field=name)
 
 
+@dataclass(frozen=True)
+class Key:
+    """One key a record's mapping may hold: whether it must, and what it says (docs/reference/records.md
+    is rendered from these, so the reference is the schema the checker enforces)."""
+
+    required: bool
+    says: str
+
+
+def required(says: str) -> Key:
+    return Key(True, says)
+
+
+def optional(says: str) -> Key:
+    return Key(False, says)
+
+
 def type_name(value: Any) -> str:
     return {
         bool: "a boolean",
@@ -161,13 +179,13 @@ class Checker:
         """An error about a key that is absent, reported at the line of its parent mapping."""
         self.errors.append(self.doc.error(where + (key,), message, line=self.doc.line(where)))
 
-    def keys(self, mapping: dict, where: tuple, allowed: dict[str, bool]) -> None:
+    def keys(self, mapping: dict, where: tuple, allowed: dict[str, Key]) -> None:
         for key in mapping:
             if key not in allowed:
                 hint = ", ".join(sorted(allowed))
                 self.fail(where + (key,), f"unknown key; expected one of: {hint}")
-        for key, required in allowed.items():
-            if required and key not in mapping:
+        for key, declared in allowed.items():
+            if declared.required and key not in mapping:
                 self.missing(where, key, "missing; this key is required")
 
     def mapping(self, value: Any, where: tuple) -> dict | None:

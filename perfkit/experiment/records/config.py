@@ -10,7 +10,11 @@ Keys:
 - `fitness = "shared"` (the default: other processes' load is recorded per replicate and measured
   through), `"strict"` (a dedicated machine: load above the limits makes a replicate unfit), or a table
   of strict limits, `{foreign_share = 0.25, episode_share = 0.5, episodes = 0.25}`, as shares of the
-  machine's cores (perfkit/machine/fitness.py).
+  machine's cores (perfkit/machine/fitness.py);
+- `install = "REQUIREMENT"`: how the pull-request workflow (`perfkit init --ci github`) installs perfkit,
+  one argument to `pip install`: a pinned VCS URL (`perfkit[review] @ git+https://...@SHA`), a wheel in the
+  repository (`./vendor/perfkit-0.1.0-py3-none-any.whl[review]`) or, from a package index, `perfkit[review]`;
+  `perfkit init` writes the way the perfkit that ran it was installed, when a CI runner can get it that way.
 An unknown key is refused, naming the file: a typo must not silently change what is measured.
 """
 
@@ -26,7 +30,30 @@ from perfkit.errors import UserError
 from perfkit.machine import fitness
 from perfkit.paths import Project
 
-KEYS = ("cluster", "code", "fitness", "strip")
+#: each key, and what it does (docs/reference/settings.md is rendered from these and the tables below)
+SETTINGS = {
+    "cluster": (
+        'where `perfkit run` sends its executions by default: a Dask scheduler address, "local:N" (N local '
+        'workers), "slurm:KEY=VALUE,..." or the Slurm table {slurm = {...}} (its keys below)'
+    ),
+    "code": (
+        "what the code under test is, as paths under the project and installed distribution names; part of "
+        "every measurement's cache key (default: the whole git working tree and every installed distribution)"
+    ),
+    "fitness": (
+        '"shared" (the default: other processes\' load is recorded per replicate and measured through), '
+        '"strict" (a dedicated machine: load above the limits makes a replicate unfit) or a table of strict '
+        "limits as shares of the machine's cores (its keys below)"
+    ),
+    "install": (
+        "how the pull-request workflow installs perfkit: one argument to `pip install` (a pinned git URL, a "
+        "wheel in the repository); `perfkit init` fills it in from how the perfkit that ran it was installed"
+    ),
+    "strip": (
+        'more notebook metadata keys the git clean filter drops, like "metadata.jupytext" or "cell.metadata.tags"'
+    ),
+}
+KEYS = tuple(SETTINGS)
 
 #: `cluster = {slurm = {...}}` and `--cluster slurm:KEY=VALUE,...`: each key and the kind of its value.
 #: What each does and its default: `Slurm` in perfkit/experiment/run/slurm.py, one field per key.
@@ -40,13 +67,14 @@ SLURM_KEYS = {
     "directives": "lines",
     "prologue": "lines",
     "resources": "amounts",
-    "python": "text",
+    "python": "program",
     "interface": "text",
     "logs": "text",
     "wait_s": "seconds",
 }
 _KINDS = {
-    "text": "a string",
+    "text": "a string of one line, without control characters",
+    "program": "a Python executable's path or name (the job script runs it quoted, as one word)",
     "count": "a whole number of 1 or more",
     "seconds": "a number of seconds above 0",
     "size": 'a size like "4GB" or "500MB"',
@@ -67,6 +95,7 @@ class Settings:
     fitness: fitness.Limits = fitness.LIMITS
     source: str | None = None  # the file they came from, as the user sees it
     strip: tuple[str, ...] = ()  # more keys the notebook clean filter drops (perfkit/experiment/repo/strip.py)
+    install: str | None = None  # what the pull-request workflow gives `pip install` (perfkit/experiment/repo/init.py)
 
 
 def where(project: Project) -> Path:
@@ -125,8 +154,15 @@ def read(project: Project) -> Settings:
             f'{shown}: {label} strip must be a list of keys like "metadata.jupytext" or "cell.metadata.tags", '
             f"got {strip!r}"
         )
+    install = table.get("install")
+    if install is not None and (not isinstance(install, str) or not install.strip() or not install.isprintable()):
+        raise UserError(
+            f"{shown}:{_line(path, 'install')}: {label} install must be one line for `pip install`, like "
+            f'"perfkit[review] @ git+https://example.org/perfkit.git@SHA", got {install!r}'
+        )
     return Settings(
         cluster=cluster,
+        install=install,
         code=None if code is None else tuple(code),
         fitness=parsed,
         source=shown,
@@ -180,8 +216,8 @@ def _fits(kind: str, value: Any) -> bool:
     def number(x: Any) -> bool:
         return isinstance(x, int | float) and not isinstance(x, bool) and 0 < x < float("inf")
 
-    def text(x: Any) -> bool:
-        return isinstance(x, str) and bool(x.strip()) and "\n" not in x
+    def text(x: Any) -> bool:  # it lands in a job script: no line break or control character may forge one
+        return isinstance(x, str) and bool(x.strip()) and not any(c < " " or c == "\x7f" for c in x)
 
     if kind == "count":
         return isinstance(value, int) and not isinstance(value, bool) and value >= 1

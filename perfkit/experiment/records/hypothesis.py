@@ -38,47 +38,43 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from perfkit import units
 from perfkit.errors import RecordError, UserError
-from perfkit.experiment.records.checker import MAX_RECORD_BYTES, Checker, Located, finite, is_number, shown, type_name
+from perfkit.experiment.records.checker import (
+    MAX_RECORD_BYTES,
+    Checker,
+    Located,
+    optional,
+    required,
+)
 from perfkit.experiment.records.kinds import KINDS, Expect, all_keys
-from perfkit.experiment.records.notebooks import check_parameter, literal_default, notebook_parameters, recorded_units
+from perfkit.experiment.records.notebooks import recorded_units
+from perfkit.experiment.records.probe import Probe, check_probe
 from perfkit.paths import Project, find_project
 
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,119}\Z")  # at most 120: <id>.png and its temporary names fit a file name
 
-_TOP_KEYS = {
-    "id": True,
-    "claim": True,
-    "rationale": True,
-    "expect": True,
-    "probe": True,
-    "tags": False,
-    "machines": False,
-}
 #: what a claim is about when its replicates ran on several machines: the pool (a kind of machine, the default)
 #: or every machine (each must satisfy it: the worst machine decides)
 MACHINES = ("pool", "every")
-_PROBE_KEYS = {
-    "notebook": True,
-    "params": False,
-    "quick": False,
-    "sweep": False,
-    "replicates": False,
-    "resources": False,
-    "code": False,
-    "threads": False,
-    "samples": False,
+TOP_KEYS = {
+    "id": required("lowercase letters, digits and dashes, at most 120; the file is `hypotheses/<id>.yaml`"),
+    "claim": required("the claim in one sentence, as a reviewer reads it"),
+    "rationale": required("why it was believed, written before measuring"),
+    "expect": required("the expected cost: a mapping whose keys depend on its kind (below)"),
+    "probe": required("the notebook that measures it and how it is run (below)"),
+    "tags": optional(
+        "a list of words that group hypotheses for the reader; perfkit stores them and judges nothing by them"
+    ),
+    "machines": optional(
+        "over several machines, what the claim is about: pool (a kind of machine; the default) or every "
+        "(each machine must satisfy it)"
+    ),
 }
-CODE_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$")  # a path under the project or a distribution name
-RESOURCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
-MAX_REPLICATES = 50
-MAX_SAMPLE_COUNT = 1_000_000
-_SWEEP_KEYS = {"param": True, "values": True, "quick": False}
 
 
 class ValidationFailed(UserError):
@@ -87,31 +83,6 @@ class ValidationFailed(UserError):
     def __init__(self, errors: list[RecordError]):
         self.errors = errors
         super().__init__("\n".join(str(e) for e in errors))
-
-
-@dataclass(frozen=True)
-class Sweep:
-    """One probe execution per value of `param`."""
-
-    param: str
-    values: tuple[Any, ...]
-    quick: tuple[Any, ...] | None = None
-
-
-@dataclass(frozen=True)
-class Probe:
-    notebook: str
-    params: dict[str, Any] = field(default_factory=dict)
-    quick: dict[str, Any] = field(default_factory=dict)
-    sweep: Sweep | None = None
-    replicates: int | None = None  # independent kernel processes per execution; None: the run's default
-    resources: dict[str, float] = field(default_factory=dict)  # what a cluster worker must offer: {"GPU": 1}
-    code: tuple[str, ...] = ()  # more code under test: paths under the project, installed distributions
-    threads: int | None = None  # CPU threads of its executions (None: the run decides, once, for every replicate)
-    # sample-count parameters perfkit may set within [low, high] for the split of processes and samples
-    # that decides soonest (replicates.py); no other parameter is ever changed
-    samples: dict[str, tuple[int, int]] = field(default_factory=dict)
-    sample_defaults: dict[str, int] = field(default_factory=dict)  # the notebook's own value of each, where literal
 
 
 @dataclass(frozen=True)
@@ -160,176 +131,6 @@ def _check_units(checker: Checker, expect: Any, probe: Probe, project: Project, 
             )
 
 
-def _check_notebook(checker: Checker, notebook: str, project: Project, cache: dict) -> dict | None:
-    """The parameters the probe notebook declares, or None after adding why it cannot be used."""
-    where = ("probe", "notebook")
-    path = project.notebooks_dir / notebook
-    if not notebook.endswith(".ipynb"):
-        checker.fail(where, f"expected a .ipynb file under notebooks/, got {notebook!r}")
-    elif not path.resolve().is_relative_to(project.notebooks_dir.resolve()):  # after symlinks and ../
-        checker.fail(
-            where, f"{notebook!r} resolves outside notebooks/; a record may only name the project's own probes"
-        )
-    elif not project.notebooks_dir.resolve().is_relative_to(project.root.resolve()):  # notebooks/ a link out
-        checker.fail(
-            where,
-            f"notebooks/ is a link to {project.notebooks_dir.resolve()}, outside the project: probes run its code",
-        )
-    elif not path.is_file():
-        checker.fail(where, f"no such notebook: {project.relative(path)}")
-    else:
-        if path not in cache:
-            cache[path] = notebook_parameters(path)
-        if not isinstance(cache[path], str):
-            return cache[path]
-        checker.fail(where, f"{cache[path]} ({project.relative(path)})")
-    return None
-
-
-def _check_probe(checker: Checker, raw: Any, project: Project, notebook_cache: dict) -> Probe | None:
-    where = ("probe",)
-    probe = checker.mapping(raw, where)
-    if probe is None:
-        return None
-    errors_before = len(checker.errors)
-    checker.keys(probe, where, _PROBE_KEYS)
-    notebook = checker.string(probe, "notebook", where)
-    declared = _check_notebook(checker, notebook, project, notebook_cache) if notebook is not None else None
-
-    blocks: dict[str, dict] = {}
-    for key in ("params", "quick"):
-        if key in probe:
-            block = checker.mapping(probe[key] if probe[key] is not None else {}, where + (key,))
-            if block is not None:
-                blocks[key] = block
-                for name, value in block.items():
-                    if declared is not None:
-                        problem = check_parameter(name, value, declared)
-                        if problem:
-                            checker.fail(where + (key, name), problem)
-    sweep = None
-    if "sweep" in probe:
-        sweep = _check_sweep(checker, probe["sweep"], declared)
-    replicates = checker.integer(probe, "replicates", where, low=1, high=MAX_REPLICATES)
-    resources: dict[str, float] = {}
-    if "resources" in probe:
-        block = checker.mapping(probe["resources"], where + ("resources",))
-        for name, amount in (block or {}).items():
-            if not isinstance(name, str) or not RESOURCE_NAME.match(name):
-                checker.fail(where + ("resources", name), "a resource is a name like GPU or memory_gb")
-            elif not is_number(amount) or not finite(amount) or not 0 < amount <= 1024:
-                checker.fail(where + ("resources", name), f"expected a number from 0 to 1024, got {shown(amount)}")
-            else:
-                resources[name] = float(amount)
-    code = _check_code(checker, probe.get("code"), where + ("code",)) if "code" in probe else ()
-    threads = checker.integer(probe, "threads", where, low=1, high=1024)
-    counts = _check_samples(checker, probe["samples"], declared, blocks, sweep) if "samples" in probe else {}
-    if len(checker.errors) > errors_before:
-        return None
-    return Probe(
-        samples=counts,
-        sample_defaults=_defaults(declared, counts),
-        code=code,
-        threads=threads,
-        notebook=notebook,
-        params=dict(blocks.get("params", {})),
-        quick=dict(blocks.get("quick", {})),
-        sweep=sweep,
-        replicates=replicates,
-        resources=resources,
-    )
-
-
-def _check_samples(
-    checker: Checker, raw: Any, declared: dict | None, blocks: dict[str, dict], sweep: Sweep | None
-) -> dict[str, tuple[int, int]]:
-    """`probe.samples`: {parameter: [low, high]}, each an integer parameter of the notebook that the sweep
-    does not vary, its given values (params, quick) inside the range."""
-    where = ("probe", "samples")
-    block = checker.mapping(raw, where)
-    out: dict[str, tuple[int, int]] = {}
-    for name, bounds in (block or {}).items():
-        here = where + (name,)
-        if not (
-            isinstance(bounds, list)
-            and len(bounds) == 2
-            and all(isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= MAX_SAMPLE_COUNT for b in bounds)
-            and bounds[0] <= bounds[1]
-        ):
-            checker.fail(
-                here,
-                f"expected [low, high], integers from 1 to {MAX_SAMPLE_COUNT:,} with low <= high, got {shown(bounds)}",
-            )
-            continue
-        if declared is not None:
-            problem = check_parameter(name, bounds[0], declared)
-            if problem:
-                checker.fail(here, f"a sample count is an integer parameter of the notebook: {problem}")
-                continue
-        if sweep is not None and sweep.param == name:
-            checker.fail(here, f"{name} is the swept parameter, not a sample count")
-            continue
-        for key, given in blocks.items():
-            value = given.get(name)
-            if isinstance(value, int) and not bounds[0] <= value <= bounds[1]:
-                checker.fail(where + (name,), f"probe.{key}.{name} is {value}, outside [{bounds[0]}, {bounds[1]}]")
-        out[name] = (bounds[0], bounds[1])
-    return out
-
-
-def _defaults(declared: dict | None, names) -> dict[str, int]:
-    """The notebook's default of each sample-count parameter that has an integer literal one: the count a
-    replicate measured with when the record's params did not set it."""
-    out = {}
-    for name in names:
-        value = literal_default((declared or {}).get(name, {}).get("default"))
-        if isinstance(value, int) and not isinstance(value, bool):
-            out[name] = value
-    return out
-
-
-def _check_code(checker: Checker, raw: Any, where: tuple) -> tuple[str, ...]:
-    """`probe.code`: a list of paths under the project (no `..`) and installed distribution names."""
-    if not isinstance(raw, list) or not raw:
-        checker.fail(where, f"expected a list of paths and package names, got {type_name(raw)}")
-        return ()
-    for i, name in enumerate(raw):
-        if not isinstance(name, str) or not CODE_NAME.match(name) or ".." in name.split("/"):
-            checker.fail(where + (i,), f"expected a path under the project or a package name, got {name!r}")
-    return tuple(str(n) for n in raw)
-
-
-def _check_sweep(checker: Checker, raw: Any, declared: dict | None) -> Sweep | None:
-    where = ("probe", "sweep")
-    sweep = checker.mapping(raw, where)
-    if sweep is None:
-        return None
-    checker.keys(sweep, where, _SWEEP_KEYS)
-    param = checker.string(sweep, "param", where)
-    if param is not None and declared is not None and param not in declared:
-        checker.fail(where + ("param",), check_parameter(param, None, declared))
-        param = None
-    lists: dict[str, tuple] = {}
-    for key in ("values", "quick"):
-        if key not in sweep:
-            continue
-        values = sweep[key]
-        if not isinstance(values, list) or not values:
-            checker.fail(where + (key,), f"expected a non-empty list, got {type_name(values)}")
-            continue
-        if len(set(map(repr, values))) != len(values):
-            checker.fail(where + (key,), "values repeat; each sweep point runs once")
-        if param is not None and declared is not None:
-            for i, value in enumerate(values):
-                problem = check_parameter(param, value, declared)
-                if problem:
-                    checker.fail(where + (key, i), problem)
-        lists[key] = tuple(values)
-    if param is None or "values" not in lists:
-        return None
-    return Sweep(param=param, values=lists["values"], quick=lists.get("quick"))
-
-
 def record_hash(data: Any) -> str:
     """Stable hash of a parsed record: formatting and comments do not count, content does.
 
@@ -358,7 +159,7 @@ def load_hypothesis(path: Path, project: Project, *, notebook_cache: dict | None
     data = checker.mapping(doc.data, ())
     if data is None:
         raise ValidationFailed(checker.errors)
-    checker.keys(data, (), _TOP_KEYS)
+    checker.keys(data, (), TOP_KEYS)
     hid = checker.string(data, "id", (), pattern=SLUG, what="a slug (at most 120 lowercase letters, digits and dashes)")
     if hid is not None and hid != Path(path).stem:
         checker.fail(("id",), f"id {hid!r} must equal the file name {Path(path).stem!r}")
@@ -377,7 +178,7 @@ def load_hypothesis(path: Path, project: Project, *, notebook_cache: dict | None
         checker.fail(("machines",), f"expected one of {', '.join(MACHINES)}, got {machines!r}")
     expect = _check_expect(checker, data["expect"]) if "expect" in data else None
     probe = (
-        _check_probe(checker, data["probe"], project, notebook_cache if notebook_cache is not None else {})
+        check_probe(checker, data["probe"], project, notebook_cache if notebook_cache is not None else {})
         if "probe" in data
         else None
     )

@@ -350,10 +350,12 @@ def legend(fig, axes: list, ncol: int = 4) -> None:
     fig.legend(handles, labels, fontsize=6.5, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, frameon=False)
 
 
-def _title(fig, title: str, j: Judgement) -> None:
+def _title(fig, title: str, j: Judgement, source: str | None) -> None:
     fig.suptitle(
         f"{title}: {j.verdict.value}", color=COLORS[j.verdict], fontsize=11, fontweight="bold", x=0.02, ha="left"
     )
+    if source:  # the run and machine the measurement stands on: a ledger's rows may stand on several
+        fig.text(0.98, 0.975, source, fontsize=6.5, ha="right", va="top", color="#616161")
     text = j.line() if j.measured is not None else (j.reason or "")
     fig.text(0.02, 0.885, wrap(text, 110), fontsize=7.5, ha="left", va="top", color="#333333")
 
@@ -387,19 +389,26 @@ def drawing() -> str:
 
 
 def render(
-    title: str, j: Judgement, points: list[Point], draw: Draw, *, dpi: int = DPI, stamp: str | None = None
+    title: str,
+    j: Judgement,
+    points: list[Point],
+    draw: Draw,
+    *,
+    stamp: str | None = None,
+    source: str | None = None,
 ) -> bytes:
     """The verdict's plot as PNG bytes: the title and the verdict's line, then `draw` (the kind's plot).
-    `stamp` goes into the PNG, so a plot can be told apart from its row after a merge took one side's."""
+    `stamp` goes into the PNG, so a plot can be told apart from its row after a merge took one side's;
+    `source` ("run 20261207-153150 on host") is written in the corner."""
     fig = figure()
-    _title(fig, title, j)
+    _title(fig, title, j, source)
     if j.measured is None or not j.used:
         _text_plot(fig, j)
     else:
         draw(fig, j, points)
     buffer = io.BytesIO()
     metadata = {"Software": None, DRAWING_KEY: drawing(), **({STAMP_KEY: stamp} if stamp else {})}
-    fig.savefig(buffer, format="png", dpi=dpi, metadata=metadata)
+    fig.savefig(buffer, format="png", dpi=DPI, metadata=metadata)
     return buffer.getvalue()
 
 

@@ -300,6 +300,7 @@ class Known:
     edges: tuple[float | None, float | None]  # the (at least, at most) the claim compares it with
     between: float = 0.5  # share of a replicate estimate's variance that lies between processes
     counts: dict[str, int] = field(default_factory=dict)  # the sample counts it was measured with
+    measurements: int = 1  # how many latest measurements `value` is the median of
 
 
 @dataclass(frozen=True)
@@ -414,6 +415,8 @@ def choose(
         if r is not None and (best is None or (seconds(counts, r), -r) < (best[0], -best[1])):
             best = (seconds(counts, r), r, counts)
     shown = units.format_number(known.value)
+    if known.measurements > 1:  # the forecast's value is not the last run's alone: say whose it is
+        shown = f"median {shown} of the {known.measurements} latest measurements"
     if best is None:
         cheapest = {n: lo for n, (lo, _) in ranges.items()}
         edge = ", ".join(units.format_number(e) for e in edges_to_clear(known.value, known.edges))

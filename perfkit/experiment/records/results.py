@@ -57,6 +57,23 @@ def _slug(r: Reader, key: str) -> str:
     return value
 
 
+SECONDS = (0.0, 30 * 24 * 3600.0)  # a stored wall or set-up time: a replicate beyond 30 days is no measurement
+SHARE = (0.0, 1.0)  # a share of a variance
+CONFIDENCE = (0.5, 1.0 - 1e-12)  # an interval's level: below 50% it is no interval perfkit makes
+PACE_S = (1e-6, 1e4)  # machine.pace: seconds of fixed work; outside, a forecast scaled by it means nothing
+
+
+def _count(r: Reader, key: str, *, optional: bool = False, most: Any = None) -> int | None:
+    """A count of processes or samples: an integer of 1 or more (and at most `most`, the samples a count of
+    processes was taken from, when that is an integer)."""
+    value = r.get(key, int, optional=optional)
+    if value is not None and value < 1:
+        raise _refuse(r, key, f"expected a count of 1 or more, got {value}")
+    if value is not None and isinstance(most, int) and not isinstance(most, bool) and value > most:
+        raise _refuse(r, key, f"{value} processes cannot come from {most} samples")
+    return value
+
+
 def _interval(r: Reader, keys: tuple[str, str, str], *, optional: bool = False) -> tuple[float | None, ...]:
     """(value, low, high): finite numbers (a non-finite estimate is no measurement) with low <= high."""
     found = tuple(r.number(k, optional=optional and k != keys[0], nan=False) for k in keys)
@@ -65,6 +82,10 @@ def _interval(r: Reader, keys: tuple[str, str, str], *, optional: bool = False) 
             raise _refuse(r, k, f"expected a finite number, got {v}")
     if found[1] is not None and found[2] is not None and found[1] > found[2]:
         raise _refuse(r, keys[1], f"the interval's low {found[1]} is above its high {found[2]}")
+    if None not in found and not found[1] <= found[0] <= found[2]:
+        raise _refuse(
+            r, keys[0], f"the estimate {found[0]:g} lies outside its own interval [{found[1]:g}, {found[2]:g}]"
+        )
     return found
 
 
@@ -145,7 +166,7 @@ class Execution:
             notebook=r.get("notebook", str),
             params=r.get("params", dict),
             status=r.choice("status", STATUSES),
-            wall_s=r.number("wall_s", optional=True),
+            wall_s=r.number("wall_s", optional=True, within=SECONDS),
             run_id=r.get("run_id", str, optional=True),
             reused=r.get("reused", bool),
             replicate=r.get("replicate", int),
@@ -160,7 +181,7 @@ class Execution:
             threads=r.get("threads", int, optional=True),
             cpus=r.get("cpus", str, optional=True),
             server=r.get("server", dict, optional=True),
-            setup_s=r.number("setup_s", optional=True),
+            setup_s=r.number("setup_s", optional=True, within=SECONDS),
             warm=r.get("warm", bool, optional=True),
             machine=_machine(r),
             server_instance=r.get("server_instance", dict, optional=True),
@@ -170,6 +191,17 @@ class Execution:
     def machine_id(self) -> str:
         """The machine it ran on ("" when not said: before format 10, one machine of the run)."""
         return str((self.machine or {}).get("id") or "")
+
+
+def hosts(executions) -> list[str]:
+    """The host names of the machines these executions ran on, sorted (none recorded: before format 10)."""
+    return sorted({str((x.machine or {}).get("host") or "") for x in executions} - {""})
+
+
+def source_of(run_id: str, executions) -> str:
+    """'run 20261207-153150 on box1': the run a measurement stands on and the machines its executions ran on."""
+    ran_on = hosts(executions)
+    return f"run {run_id}" + (f" on {', '.join(ran_on)}" if ran_on else "")
 
 
 def _machine(r: Reader) -> dict[str, Any] | None:
@@ -271,14 +303,14 @@ class HypothesisResult:
                     name=c.get("name", str),
                     unit=c.unit("unit"),
                     at=c.get("at", dict, optional=True),
-                    n=c.get("n", int),
+                    n=_count(c, "n"),
                     mean=c.number("mean", optional=True),
                     low=c.number("low", optional=True),
                     high=c.number("high", optional=True),
                     std=c.number("std", optional=True),
                     note=c.get("note", str, optional=True),
-                    replicates=c.get("replicates", int, optional=True),
-                    between=c.number("between", optional=True),
+                    replicates=_count(c, "replicates", optional=True, most=c.data.get("n")),
+                    between=c.number("between", optional=True, within=SHARE),
                 )
                 for c in r.children("metrics")
             ),
@@ -308,14 +340,14 @@ def _measured(m: Reader) -> Measured:
         value=value,
         low=low,
         high=high,
-        replicates=m.get("replicates", int, optional=True),
-        samples=m.get("samples", int, optional=True),
-        between=m.number("between", optional=True),
-        confidence=m.number("confidence", optional=True),
+        replicates=_count(m, "replicates", optional=True),
+        samples=_count(m, "samples", optional=True),
+        between=m.number("between", optional=True, within=SHARE),
+        confidence=m.number("confidence", optional=True, within=CONFIDENCE),
         spread=m.number("spread", optional=True, nan=False),
         log=m.get("log", bool, optional=True),
         machines=m.get("machines", int, optional=True),
-        between_machines=m.number("between_machines", optional=True),
+        between_machines=m.number("between_machines", optional=True, within=SHARE),
         paired=m.get("paired", str, optional=True),
     )
 
@@ -351,7 +383,7 @@ class RunResults:
             hypotheses=_unique(tuple(HypothesisResult.from_json(h) for h in r.children("hypotheses")), path),
             profile=r.get("profile", str, optional=True),
             machine=r.get("machine", str, optional=True),
-            pace_s=r.number("pace_s", optional=True, nan=False),
+            pace_s=r.number("pace_s", optional=True, within=PACE_S),
         )
 
 

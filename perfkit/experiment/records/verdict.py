@@ -37,13 +37,15 @@ class Measured:
     between_machines: float | None = None  # the machines' own spread, as a share of the value (format 10 on)
     paired: str | None = None  # how a comparison's arms were paired: "within each process: ..." (format 12 on)
 
-    def text(self) -> str:
-        """'0.18 ms [0.16, 0.21]', 'share 2.47% [1.05, 4.17]': the one way a measured value is written."""
+    def text(self, *, level: bool = False) -> str:
+        """'0.18 ms [0.16, 0.21]', 'share 2.47% [1.05, 4.17]': the one way a measured value is written.
+        `level`: with its confidence, '0.18 ms [0.16, 0.21] (95% interval)', for a line no header explains."""
         label = "" if self.label == "mean" else f"{self.label} "
-        return (
+        said = (
             f"{label}{units.format_quantity(self.value, self.unit)} "
             f"[{units.format_number(self.low)}, {units.format_number(self.high)}]"
         )
+        return f"{said} ({self.level()} interval)" if level else said
 
     def level(self) -> str:
         """The interval's confidence in words: '95%', or '96%' when the run could look more than once."""
@@ -165,7 +167,7 @@ class Judgement:
         """One readable line: 'measured 0.18 ms [0.16, 0.21], 1,100x below the expected 200 ms'."""
         if self.measured is None:
             return self.reason or ""
-        text = f"measured {self.measured.text()}"
+        text = f"measured {self.measured.text(level=True)}"
         if self.off_by:
             text += f", {self.off_by}"
         if self.reason:

@@ -35,6 +35,7 @@ from perfkit.files import write_atomic
 from perfkit.machine import devices
 from perfkit.machine.fitness import cpu_list
 from perfkit.paths import format_literal
+from perfkit.processes import alive
 
 KERNEL_NAME = kernel.NAME
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -155,8 +156,10 @@ def _write_spec(job: Job, output: Path, outcome_path: Path) -> Path:
         "cwd": str(job.cwd),
         "outcome": str(outcome_path),
         # the child stops when its parent is gone, even before it looked: this process, or the template
-        # it was forked from (which itself stops with this process)
+        # it was forked from (which itself stops with this process); a warm one whose template died first
+        # lives on while this process (`runner`) does
         "parent": job.template.proc.pid if job.template else os.getpid(),
+        "runner": os.getpid(),
         "cpus": list(job.cpus) if job.cpus else None,
         "warm": job.template is not None,
     }
@@ -265,6 +268,9 @@ def execute(job: Job, *, launched: Callable[[int], None] | None = None) -> Ended
         told = {"status": "crashed", "ename": None, "evalue": f"the executor process exited with status {returncode}"}
     if unreadable is not None and told.get("status") == "ok":
         told = {"status": "error", "ename": "RecordError", "evalue": f"its records cannot be read: {unreadable}"}
+    if told.get("status") != "ok" and _stopping.is_set():  # killed by Ctrl-C or SIGTERM: no crash of its own
+        stopped = replace(ended, status="crashed", reason=INTERRUPTED, records=records)
+        return Ended(replace(stopped, cell_index=running[0] if running else None), cells)
     return Ended(_told(replace(ended, records=records), told, job, running), cells)
 
 
@@ -290,6 +296,7 @@ def _told(ended: Execution, told: dict, job: Job, running: tuple[int, str] | Non
     )
 
 
+INTERRUPTED = "interrupted: the run was stopped while this replicate ran"
 OUTPUT_CAP_BYTES = 8 * 2**20  #: a probe's stored output (records and errors aside) beyond this is cut
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -307,7 +314,7 @@ def _pin(cpus: list[int]) -> None:
 def _become_subreaper() -> None:
     """Orphans of the probe (a daemon it started in a session of its own) become this process's children.
 
-    Linux only; elsewhere such an orphan can outlive the run (documented in the README).
+    Linux only; elsewhere such an orphan can outlive the run (documented in docs/trust.md).
     """
     try:
         import ctypes
@@ -332,9 +339,10 @@ def _kill_descendants() -> list[str]:
     return names
 
 
-def _exit_with_parent(parent: int) -> None:
-    """If the runner dies, stop too, and take the kernel and whatever the probe started along."""
-    while os.getppid() == parent:
+def _exit_with_parent(parent: int, runner: int | None) -> None:
+    """If the runner dies, stop too, and take the kernel and whatever the probe started along. A warm
+    executor whose template (its parent) died first finishes its replicate while the runner lives."""
+    while os.getppid() == parent or (runner is not None and runner != parent and alive(runner)):
         time.sleep(1.0)
     _kill_descendants()
     os._exit(3)
@@ -354,7 +362,8 @@ def _child(spec_path: str) -> int:
     if spec.get("warm"):  # forked from a template: the kernel is forked too, before any thread starts
         kernel.fork_prekernel()
         kernel.register_provisioner()
-    threading.Thread(target=_exit_with_parent, args=(spec.get("parent", os.getppid()),), daemon=True).start()
+    watch = (spec.get("parent", os.getppid()), spec.get("runner"))
+    threading.Thread(target=_exit_with_parent, args=watch, daemon=True).start()
     papermill_engines.register("perfkit", capped.engine(OUTPUT_CAP_BYTES))
     try:
         papermill.execute_notebook(

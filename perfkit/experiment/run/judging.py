@@ -133,7 +133,7 @@ def _measured_through(hypothesis: Hypothesis, evidence: Evidence, confidence: fl
     decided = through.verdict.value if through.verdict is not Verdict.INCONCLUSIVE else "still undecided"
     more = f" (about {through.needed} replicates at that load would likely decide it)" if through.needed else ""
     return (
-        f"; measured through the load, these replicates give {through.measured.text()}: {decided}{more}; "
+        f"; measured through the load, these replicates give {through.measured.text(level=True)}: {decided}{more}; "
         f'fitness = "shared" in [tool.perfkit] (the default) measures through load, or a quieter machine'
     )
 
@@ -260,12 +260,18 @@ def not_reproduced(result: HypothesisResult, previous: HypothesisResult | None, 
 
 
 def changed(
-    result: HypothesisResult, previous: HypothesisResult | None, previous_run: str, said: list[str]
+    result: HypothesisResult,
+    previous: HypothesisResult | None,
+    previous_run: str,
+    said: list[str],
+    *,
+    evidence_here: bool = True,
 ) -> str | None:
     """What changed since the standing measurement when the executions' keys differ, and how far it moved.
 
-    `said` holds why each execution ran again (perfkit/experiment/run/why.py). None when the keys are the same
-    (then `not_reproduced` speaks) or there is nothing to compare with.
+    `said` holds why each execution ran again (perfkit/experiment/run/why.py); `evidence_here`, whether the
+    standing run's manifest is under runs/ here. None when the keys are the same (then `not_reproduced`
+    speaks) or there is nothing to compare with.
     """
     if previous is None or not previous.executions or not result.executions:
         return None
@@ -275,20 +281,31 @@ def changed(
             return moved
         return f"{moved}: {compare.moved_from(previous, result)}"
     said = [*said, moved] if moved else said
-    what = "; ".join(dict.fromkeys(said)) or (
-        f"measured with other execution keys than run {previous_run} (its evidence is not under runs/ here, "
-        "so what changed cannot be named)"
+    threads = _threads(previous), _threads(result)
+    if not said and threads[0] != threads[1] and None not in threads:
+        said = [f"threads {threads[0]} -> {threads[1]}"]  # what the stored executions themselves say
+    unnamed = (
+        "in a part that neither the stored results nor its manifest under runs/ name"
+        if evidence_here
+        else "(its evidence is not under runs/ here, so what changed cannot be named)"
     )
+    what = "; ".join(dict.fromkeys(said)) or f"measured with other execution keys than run {previous_run}, {unnamed}"
     if previous.hash != result.hash:
         what = f"the hypothesis was edited; {what}"
     if not (previous.measured and result.measured):
         return what
-    then = previous.measured.text()
+    then = previous.measured.text(level=True)
     floor = compare.floor_move(previous, result)
     what += f"; the expectation moved: {floor}" if floor else ""
     if not compare.comparable(previous.measured, result.measured):
         return f"{what}; now measured as another quantity (was {then})"
     return f"{what}: {compare.moved_from(previous, result)}"
+
+
+def _threads(result: HypothesisResult) -> str | None:
+    """The CPU threads its executions ran with ('2', or '1, 2' when they differ); None when not recorded."""
+    counts = sorted({x.threads for x in result.executions if x.threads is not None})
+    return ", ".join(map(str, counts)) if counts else None
 
 
 def to_result(item: Judged) -> HypothesisResult:

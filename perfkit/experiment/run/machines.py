@@ -66,7 +66,7 @@ def machine_apart(per_machine: tuple[MachineMeasured, ...]) -> tuple[str, ...]:
     others = [v for i, v in enumerate(values) if i != found[0]]
     unit = odd.measured.unit
     return (
-        f"machine {odd.label} ({odd.machine}) measured {odd.measured.text()}, apart from the other "
+        f"machine {odd.label} ({odd.machine}) measured {odd.measured.text(level=True)}, apart from the other "
         f"{len(others)} machines ({units.format_number(min(others))} to {units.format_quantity(max(others), unit)}): "
         "look at what differs on it (clocks, firmware, a neighbour's load) before it stands for the pool",
     )
@@ -88,7 +88,7 @@ def over_machines(pooled: Judgement, per_machine: tuple[MachineMeasured, ...], e
     if worst.verdict == Verdict.CONFIRMED.value:  # on each machine, whatever the pool's wider interval says
         held = f"confirmed on each of the {len(per_machine)} machines"
         return replace(judgement, verdict=Verdict.CONFIRMED, reason=None, off_by=held, needed=None)
-    why = worst.reason or (f"measured {worst.measured.text()}" if worst.measured else "")
+    why = worst.reason or (f"measured {worst.measured.text(level=True)}" if worst.measured else "")
     return replace(
         judgement,
         verdict=Verdict(worst.verdict),

@@ -15,12 +15,14 @@ from typing import Any
 
 import yaml
 
-from perfkit.errors import UserError
-from perfkit.experiment.records.hypothesis import MAX_REPLICATES
+from perfkit.errors import UserError, in_range
+from perfkit.experiment.records.probe import MAX_REPLICATES
 from perfkit.experiment.records.replicates import DEFAULT_REPLICATES, GROWTH, QUICK_BUDGET_S
 from perfkit.experiment.run import profiling
+from perfkit.machine import devices
 
 DEFAULT_TIMEOUT_S = 600.0
+MAX_SECONDS = 30 * 24 * 3600.0  # a run's --budget or a probe's --timeout beyond 30 days is a typo, not a plan
 BISECT_REPLICATES = 3  # a bisect's processes per commit to start with
 BISECT_GROWTH = 4  # a bisect's --max-replicates by default: this many times the first count
 #: `perfkit run`'s flags a bisect takes, and what those that mean something else there say
@@ -243,10 +245,10 @@ class RunOptions:
             raise UserError(f"--jobs must be at least 1, or auto, got {self.jobs}")
         if self.threads is not None and not 1 <= self.threads <= 1024:
             raise UserError(f"--threads must be from 1 to 1024, got {self.threads}")
-        if self.budget_s is not None and self.budget_s < 0:
-            raise UserError(f"--budget must be 0 or more seconds, got {self.budget_s:g}")
-        if not 0 < self.timeout_s < float("inf"):  # nan fails both comparisons
-            raise UserError(f"--timeout must be a positive number of seconds, got {self.timeout_s}")
+        if self.budget_s is not None:
+            in_range("--budget (seconds)", self.budget_s, 0, MAX_SECONDS)
+        in_range("--timeout (seconds)", self.timeout_s, 0, MAX_SECONDS, above_low=True)
+        devices.machine_id()  # $PERFKIT_MACHINE_ID refused here, before anything is created, not mid-run
         if self.cluster and self.profile:
             raise UserError("--profile with --cluster is not supported yet: profile a probe on this machine")
         if self.cluster:

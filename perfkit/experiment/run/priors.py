@@ -110,6 +110,7 @@ def known(h: Hypothesis, entries: list[history.Entry], *, quick: bool) -> replic
             edges=h.expect.edges(),
             between=_between(r),
             counts=counts,
+            measurements=max(len(values), 1),
         )
     return None
 
@@ -134,27 +135,68 @@ def cost(
     for entry in reversed(entries):
         if history.attempt(entry) is not None:
             continue
-        same = [
-            e
-            for e in entry.result.executions
-            if e.notebook == x.notebook
-            and _without(e.params, counted) == _without(x.params, counted)
-            and e.wall_s is not None
-            and not e.reused
-        ]
-        if not same:
-            continue
-        walls = [e.wall_s for e in same]
-        setups = [e.setup_s if e.setup_s is not None else min(FRESH_SETUP_S, 0.8 * w) for e, w in zip(same, walls)]
-        was_warm = all(e.warm for e in same)
-        setup = sum(setups) / len(setups)
-        measure = max(0.0, sum(walls) / len(walls) - setup)
-        faster = pace.scale(pace_s, entry.run.pace_s if entry.run is not None else None)
-        now = setup * faster if was_warm == warm else (WARM_SETUP_S if warm else FRESH_SETUP_S)
-        params = {**(defaults or {}), **same[0].params}
-        counts = {n: v for n, v in params.items() if n in counted and isinstance(v, int)}
-        return replicates.Cost(setup_s=now, measure_s=measure * faster, counts=counts)
+        same = [e for e in _measured(entry) if e.notebook == x.notebook and _alike(e, x, counted)]
+        if same:
+            return _replicate_cost(entry, same, counted, warm=warm, pace_s=pace_s, defaults=defaults)
     return None
+
+
+def nearest_cost(
+    x: Execution,
+    entries: dict[str, list[history.Entry]],
+    counted: set[str],
+    *,
+    warm: bool,
+    pace_s: float | None = None,
+    defaults: dict[str, int] | None = None,
+) -> replicates.Cost | None:
+    """For an execution never measured with its parameters (a record's were just edited): the cost of the
+    measured execution of the same probe, by any hypothesis, that shares the most parameter values with it
+    (sample counts aside, which `Cost.at` scales); of those equally near, the latest, then the dearest. A
+    forecast of what changed parameters cost is a guess either way; this one is of the same probe on this
+    machine, where the flat UNKNOWN_COST_S is of nothing, and the run's own walls replace it after the
+    first replicate. The caller offers the runs of its own mode first (`_cost_of`)."""
+    want = _without(x.params, counted)
+    best, best_rank = None, None
+    for runs in entries.values():
+        for entry in runs:
+            if history.attempt(entry) is not None:
+                continue
+            for e in _measured(entry):
+                if e.notebook != x.notebook:
+                    continue
+                have = _without(e.params, counted)
+                shared = sum(1 for k, v in want.items() if k in have and have[k] == v)
+                rank = (shared, entry.run_id, e.wall_s)
+                if best_rank is None or rank > best_rank:
+                    best_rank, best = rank, (entry, e)
+    if best is None:
+        return None
+    entry, near = best
+    same = [e for e in _measured(entry) if e.notebook == near.notebook and _alike(e, near, counted)]
+    return _replicate_cost(entry, same, counted, warm=warm, pace_s=pace_s, defaults=defaults)
+
+
+def _measured(entry: history.Entry) -> list[Execution]:
+    """The executions an entry measured itself (not reused), with their wall time."""
+    return [e for e in entry.result.executions if e.wall_s is not None and not e.reused]
+
+
+def _alike(a: Execution, b: Execution, counted: set[str]) -> bool:
+    return _without(a.params, counted) == _without(b.params, counted)
+
+
+def _replicate_cost(entry, same: list[Execution], counted, *, warm, pace_s, defaults) -> replicates.Cost:
+    walls = [e.wall_s for e in same]
+    setups = [e.setup_s if e.setup_s is not None else min(FRESH_SETUP_S, 0.8 * w) for e, w in zip(same, walls)]
+    was_warm = all(e.warm for e in same)
+    setup = sum(setups) / len(setups)
+    measure = max(0.0, sum(walls) / len(walls) - setup)
+    faster = pace.scale(pace_s, entry.run.pace_s if entry.run is not None else None)
+    now = setup * faster if was_warm == warm else (WARM_SETUP_S if warm else FRESH_SETUP_S)
+    params = {**(defaults or {}), **same[0].params}
+    counts = {n: v for n, v in params.items() if n in counted and isinstance(v, int)}
+    return replicates.Cost(setup_s=now, measure_s=measure * faster, counts=counts)
 
 
 @dataclass
@@ -300,11 +342,18 @@ def first_round(
 
 def _cost_of(x: Execution, hypotheses, the_plan: Plan, entries, counted: set[str], setting: Setting):
     """A replicate's cost from the measurements of any hypothesis that reads the execution (the notebook's
-    sample counts as every reader declares them)."""
+    sample counts as every reader declares them), else from the nearest measured execution of its probe."""
     readers = [h for h in hypotheses if x.key in the_plan.needs[h.id]]
     defaults = {n: v for h in readers for n, v in h.probe.sample_defaults.items()}
     for h in readers:
         found = cost(x, entries.get(h.id, []), counted, warm=setting.warm, pace_s=setting.pace_s, defaults=defaults)
+        if found is not None:
+            return found
+    same_mode = {
+        hid: [e for e in runs if e.run is not None and e.run.quick == setting.quick] for hid, runs in entries.items()
+    }
+    for offered in (same_mode, entries):  # a quick run's costs for a quick run, before a full run's
+        found = nearest_cost(x, offered, counted, warm=setting.warm, pace_s=setting.pace_s, defaults=defaults)
         if found is not None:
             return found
     return None

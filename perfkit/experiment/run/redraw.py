@@ -15,7 +15,14 @@ from perfkit.errors import RecordError
 from perfkit.experiment.records import plots
 from perfkit.experiment.records.history import history, standing
 from perfkit.experiment.records.hypothesis import Hypothesis, ValidationFailed, load_hypotheses
-from perfkit.experiment.records.results import Execution, HypothesisResult, load_all_results, read_execution, stamp
+from perfkit.experiment.records.results import (
+    Execution,
+    HypothesisResult,
+    load_all_results,
+    read_execution,
+    source_of,
+    stamp,
+)
 from perfkit.experiment.run import judging
 from perfkit.paths import Project
 
@@ -64,7 +71,8 @@ def redraw(project: Project) -> list[str]:
         if stamp(judging.to_result(item)) != stamp(result):  # judged otherwise now: the row is not this plot's
             said.append(f"{project.relative(path)} was drawn by older code; judged again it differs from its row")
             continue
-        png = plots.render(h.id, item.judgement, list(item.points), h.expect.plot, stamp=stamp(result))
+        source = source_of(run_id, result.executions)
+        png = plots.render(h.id, item.judgement, list(item.points), h.expect.plot, stamp=stamp(result), source=source)
         plots.write_plot(project.runs_dir / run_id / "plots" / f"{h.id}.png", png)
         plots.write_plot(path, plots.scaled(png, plots.LEDGER_DPI / plots.DPI))
         said.append(f"redrew {project.relative(path)} from run {run_id}'s samples (the drawing code changed)")

@@ -12,8 +12,9 @@ import re
 from perfkit.errors import UserError
 from perfkit.files import write_atomic
 from perfkit.paths import Project
+from perfkit.text import one_line
 
-NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+NAME = re.compile(r"[a-z][a-z0-9_]{0,59}")  # 60 at most: a cell id (name-N) has 64 characters at most
 
 _INTRO = """# Probe: {name}
 
@@ -72,8 +73,11 @@ def new_probe(project: Project, name: str) -> str:
     """Write notebooks/NAME.ipynb; returns its path relative to the project. Never overwrites."""
     import nbformat
 
-    if not NAME.match(name):
-        raise UserError(f"probe name {name!r}: use lowercase letters, digits and underscores, starting with a letter")
+    if not NAME.fullmatch(name):
+        raise UserError(
+            f"probe name {one_line(name[:80])!r}{'...' if len(name) > 80 else ''}: use at most 60 lowercase "
+            "letters, digits and underscores, starting with a letter"
+        )
     path = project.notebooks_dir / f"{name}.ipynb"
     if path.exists():
         raise UserError(f"{project.relative(path)} already exists; pick another name or edit that notebook")

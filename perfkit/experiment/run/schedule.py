@@ -82,6 +82,8 @@ def finish(exec_dir: Path, ended: executor.Ended, *, tag: str, ctx: RunContext) 
     write_execution(exec_dir / "execution.json", execution)
     detail = f"{len(execution.records)} records" if execution.status == "ok" else execution.reason
     status = "ok" if execution.status == "ok" else execution.status.upper()
+    if execution.reason == executor.INTERRUPTED:  # not a crash of its own: the run was stopped
+        status, detail = "INTERRUPTED", "the run was stopped while it ran"
     on = f" on {execution.host}" if execution.host else ""
     setup = (
         "" if execution.setup_s is None else f" (set-up {execution.setup_s:.1f} s{', warm' if execution.warm else ''})"
@@ -112,7 +114,7 @@ def _on_slot(ctx: RunContext, planned: Execution, kernels: Kernels, cpus: tuple[
     exec_dir = ctx.run_dir.execution_dir(planned.id)
     exec_dir.mkdir(parents=True, exist_ok=True)
     threads = _threads(ctx, planned)
-    template = kernels.templates.get(threads)
+    template = kernels.live_template(threads, ctx.say)
     kernel_dir = kernels.warm if template is not None else kernels.fresh
     waited = fitness.wait_for_cores(threads, on=cpus) if ctx.limits.strict else 0.0  # shared: measured through
     env = fitness.thread_env(threads)
@@ -138,7 +140,11 @@ def _on_slot(ctx: RunContext, planned: Execution, kernels: Kernels, cpus: tuple[
     with ctx.windows.window(planned) as instance, heartbeat(ctx, tag, planned, exec_dir):
         if instance is not None:  # its server's processes on this machine: the subject's load, not a stranger's
             job = replace(job, server_pids=windows.local_processes(planned.server["url"], instance["before"]))
-        ended = executor.measure(job)
+        try:
+            ended = executor.measure(job)
+        except warm_replicates.TemplateFailed as exc:  # it died between the look and the fork: nothing ran yet
+            kernels.drop(threads, str(exc), ctx.say)
+            ended = executor.measure(replace(job, template=None, kernel_dir=kernels.fresh))
     if instance is not None:  # a window on a server the run did not start: which process it measured
         ended = replace(ended, execution=replace(ended.execution, server_instance=instance))
     return finish(exec_dir, ended, tag=tag, ctx=ctx)
@@ -211,6 +217,23 @@ class Kernels:
     fresh: Path
     warm: Path
     templates: dict[int, warm_replicates.Template] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def live_template(self, threads: int, say) -> warm_replicates.Template | None:
+        """The round's template for `threads`, or None: none was started, or it is gone (killed, crashed);
+        a gone one is dropped and said once, and the round's later replicates start as fresh processes."""
+        template = self.templates.get(threads)
+        if template is not None and (code := template.proc.poll()) is not None:
+            self.drop(threads, f"the template exited ({code})", say)
+            return None
+        return template
+
+    def drop(self, threads: int, why: str, say) -> None:
+        with self.lock:
+            template = self.templates.pop(threads, None)
+        if template is not None:
+            say(f"[warm]    {why}: the round's remaining replicates start as fresh processes")
+            template.close()
 
     def close(self) -> None:
         for template in self.templates.values():

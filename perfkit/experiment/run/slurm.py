@@ -16,6 +16,7 @@ which reads the table form; `Slurm` below says what each key does and its defaul
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import signal
 import subprocess
@@ -35,23 +36,38 @@ IDLE_S = 60  # a job whose worker has had nothing to run this long is given back
 JOB_NAME = "perfkit-worker"  # how the jobs show in squeue
 
 
+def _says(default: Any, says: str) -> Any:
+    """A field's default and what it does (docs/reference/settings.md prints both)."""
+    return field(default=default, metadata={"says": says})
+
+
 @dataclass(frozen=True)
 class Slurm:
     """What the worker jobs ask Slurm for: one field per key of `cluster = {slurm = {...}}`, with its default."""
 
-    partition: str | None = None  # `#SBATCH -p`; none: the cluster's default partition
-    account: str | None = None  # `#SBATCH -A`
-    jobs: int = 4  # the most worker jobs at once; a run asks for one per execution queued or running
-    cores: int = 1  # CPUs per job (`--cpus-per-task`): what the probe's kernel may use (its worker has one thread)
-    memory: str = "4GB"  # per job (`--mem`), and its worker's memory limit
-    walltime: str = "01:00:00"  # per job (`-t`): a worker past it is lost, and its execution retried once elsewhere
-    directives: tuple[str, ...] = ()  # more `#SBATCH` lines: ("--gres=gpu:1", "--constraint=a100")
-    prologue: tuple[str, ...] = ()  # shell lines the job runs before its worker: ("module load cuda",)
-    resources: dict[str, float] = field(default_factory=dict)  # what each worker offers beside `measure`: {"GPU": 1}
-    python: str | None = None  # the workers' interpreter; none: this run's (sys.executable)
-    interface: str | None = None  # the network interface the scheduler and workers use ("ib0"); none: the host name's
-    logs: str | None = None  # where each job writes its output; none: $PERFKIT_CACHE_DIR/slurm (~/.cache/perfkit)
-    wait_s: float = 600.0  # how long a run waits for Slurm to start its first worker, then gives up
+    partition: str | None = _says(None, "`#SBATCH -p`; none: the cluster's default partition")
+    account: str | None = _says(None, "`#SBATCH -A`")
+    jobs: int = _says(4, "the most worker jobs at once; a run asks for one per execution queued or running")
+    cores: int = _says(
+        1, "CPUs per job (`--cpus-per-task`): what the probe's kernel may use (its worker has one thread)"
+    )
+    memory: str = _says("4GB", "per job (`--mem`), and its worker's memory limit")
+    walltime: str = _says(
+        "01:00:00", "per job (`-t`): a worker past it is lost, and its execution retried once elsewhere"
+    )
+    directives: tuple[str, ...] = _says((), 'more `#SBATCH` lines: ["--gres=gpu:1", "--constraint=a100"]')
+    prologue: tuple[str, ...] = _says((), 'shell lines the job runs before its worker: ["module load cuda"]')
+    resources: dict[str, float] = field(
+        default_factory=dict, metadata={"says": "what each worker offers beside `measure`: {GPU = 1}"}
+    )
+    python: str | None = _says(None, "the workers' interpreter; none: this run's (sys.executable)")
+    interface: str | None = _says(
+        None, 'the network interface the scheduler and workers use ("ib0"); none: the host name\'s'
+    )
+    logs: str | None = _says(
+        None, "where each job writes its output; none: $PERFKIT_CACHE_DIR/slurm (~/.cache/perfkit)"
+    )
+    wait_s: float = _says(600.0, "how long a run waits for Slurm to start its first worker, then gives up")
 
 
 def parse(spec: str) -> Slurm:
@@ -80,7 +96,7 @@ def job_options(settings: Slurm, *, resource: str) -> dict[str, Any]:
         "job_extra_directives": list(settings.directives),
         "job_script_prologue": list(settings.prologue),
         "worker_extra_args": ["--resources", ",".join(f"{n}={a:g}" for n, a in offers.items())],
-        "python": settings.python or sys.executable,
+        "python": shlex.quote(settings.python or sys.executable),  # one word in the job script, never a command
         "interface": settings.interface,
         "log_directory": str(logs(settings)),
         "job_name": JOB_NAME,

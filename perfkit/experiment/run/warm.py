@@ -28,6 +28,7 @@ What stays independent, and why it holds:
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import select
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.experiment.run import kernel
+from perfkit.processes import alive
 
 #: what every replicate imports before its first cell, whatever the probe: the executor's and the kernel's
 BASE = ("papermill", "nbclient", "nbformat", "jupyter_client", "ipykernel.kernelapp", "IPython")
@@ -48,6 +50,7 @@ BASE = ("papermill", "nbclient", "nbformat", "jupyter_client", "ipykernel.kernel
 DEPENDS = {"matplotlib.pyplot": ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg")}
 START_TIMEOUT_S = 120.0
 INLINE = "module://matplotlib_inline.backend_inline"  # the backend ipykernel gives a kernel's figures
+FOLDER_PREFIX = "perfkit-warm-"  # a template's socket folder under the temporary directory
 
 
 # ---------------------------------------------------------------- what to import
@@ -201,6 +204,7 @@ def serve(socket_path: str, preload: list[str], root: str | None, child) -> int:
     Each request is one line of JSON on a Unix socket ({"spec", "log", "env", "cpus"}); the answer is one line
     {"pid": N}, then, when that executor has ended, one line {"status": N} (its wait status)."""
     started = time.monotonic()
+    parent = os.getppid()  # the run, read before ready is said: a run gone after that must not be missed
     sys.modules.setdefault("rfc3987_syntax", None)  # 1.6 s of grammar for a format papermill never checks
     if root:
         kernel.on_path(Path(root))
@@ -223,7 +227,6 @@ def serve(socket_path: str, preload: list[str], root: str | None, child) -> int:
     signal.set_wakeup_fd(wake[1])
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    parent = os.getppid()
     conns: list[socket.socket] = []
     children: dict[int, socket.socket] = {}
     while not stop and os.getppid() == parent:  # the tick only notices a runner that died
@@ -249,6 +252,12 @@ def serve(socket_path: str, preload: list[str], root: str | None, child) -> int:
             s.sendall((json.dumps({"pid": pid}) + "\n").encode())
         _reap(children)
     _kill_trees(list(children))  # told to stop, or the run is gone: nothing it forked outlives it
+    listener.close()
+    folder = Path(socket_path).parent
+    with contextlib.suppress(OSError):  # a run killed with SIGKILL closes nothing: its template leaves no litter
+        Path(socket_path).unlink()
+        if folder.name.startswith(FOLDER_PREFIX):
+            folder.rmdir()
     return 0
 
 
@@ -319,25 +328,38 @@ def _reap(children: dict[int, socket.socket]) -> None:
 
 @dataclass(eq=False)  # hashed by identity: a run keeps its executions in flight in a set
 class Forked:
-    """An executor a template forked: what `execute` needs of a subprocess.Popen (pid, wait, returncode)."""
+    """An executor a template forked: what `execute` needs of a subprocess.Popen (pid, wait, returncode).
+
+    Its exit status comes over the template's socket. When the template dies first (killed, crashed), the
+    executor lives on, adopted by another parent, as long as the run does (execute.py's `_exit_with_parent`):
+    `wait` then waits for the pid to end and returns ORPHANED, and its outcome file says how it ended."""
 
     pid: int
-    conn: socket.socket
+    conn: socket.socket | None
     returncode: int | None = None
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is not None:
             return self.returncode
-        self.conn.settimeout(timeout)
-        try:
-            line = _read_line(self.conn)
-        except TimeoutError:
-            raise subprocess.TimeoutExpired(f"warm replicate {self.pid}", timeout) from None
-        finally:
-            self.conn.settimeout(None)
-        status = json.loads(line)["status"] if line else None  # no word: the template itself died
-        self.returncode = os.waitstatus_to_exitcode(status) if status is not None else -9
-        self.conn.close()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self.conn is not None:
+            self.conn.settimeout(timeout)
+            try:
+                line = _read_line(self.conn)
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(f"warm replicate {self.pid}", timeout) from None
+            finally:
+                self.conn.settimeout(None)
+            self.conn.close()
+            self.conn = None
+            if line:
+                self.returncode = os.waitstatus_to_exitcode(json.loads(line)["status"])
+                return self.returncode
+        while alive(self.pid):  # no word: the template itself died, and the executor was adopted
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"warm replicate {self.pid}", timeout)
+            time.sleep(ORPHAN_POLL_S)
+        self.returncode = ORPHANED
         return self.returncode
 
     def poll(self) -> int | None:
@@ -345,6 +367,33 @@ class Forked:
             return self.wait(timeout=0)
         except subprocess.TimeoutExpired:
             return None
+
+
+ORPHANED = -1  # an executor whose template died before it: its exit status went to whoever adopted it
+ORPHAN_POLL_S = 0.1
+
+
+def sweep(temp: Path) -> list[Path]:
+    """Remove the socket folders of templates that are gone (a run and its template killed with SIGKILL
+    close nothing): a folder whose socket no process listens on. Returns those removed."""
+    removed = []
+    for folder in temp.glob(f"{FOLDER_PREFIX}*"):
+        sock = folder / "template.sock"
+        if not sock.is_socket():
+            continue  # being made now (its template binds it after it imported), or not a template's
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(sock))
+        except ConnectionRefusedError:  # nothing listens: its template is gone
+            with contextlib.suppress(OSError):
+                sock.unlink()
+                folder.rmdir()
+                removed.append(folder)
+        except OSError:
+            pass
+        finally:
+            probe.close()
+    return removed
 
 
 class TemplateFailed(RuntimeError):
@@ -357,7 +406,8 @@ class Template:
     def __init__(self, *, env: dict[str, str], preload: list[str], root: Path | None):
         import tempfile
 
-        self.folder = Path(tempfile.mkdtemp(prefix="perfkit-warm-"))  # short: a socket's path has ~100 bytes
+        sweep(Path(tempfile.gettempdir()))
+        self.folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))  # short: a socket's path has ~100 bytes
         self.socket_path = str(self.folder / "template.sock")
         argv = [
             sys.executable,
@@ -389,7 +439,11 @@ class Template:
         """A new executor for the job whose spec is at `spec`, writing to `log`, with environment `env`,
         forked on `cpus` (its slot's: it pins itself there before its kernel starts)."""
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.connect(self.socket_path)
+        try:
+            conn.connect(self.socket_path)
+        except OSError as exc:  # killed, or its socket gone: it forks nothing more
+            conn.close()
+            raise TemplateFailed(f"the template is gone ({exc.strerror or exc})") from None
         request = {"spec": str(spec), "log": str(log), "env": env, "cpus": list(cpus) if cpus else None}
         conn.sendall((json.dumps(request) + "\n").encode())
         line = _read_line(conn)
@@ -409,4 +463,5 @@ class Template:
         if self.proc.stdout:
             self.proc.stdout.close()
         Path(self.socket_path).unlink(missing_ok=True)
-        self.folder.rmdir()
+        with contextlib.suppress(OSError):  # closed twice (dropped, then the round's end), or not empty
+            self.folder.rmdir()

@@ -107,6 +107,8 @@ def differences(project: Project, manifest: dict, then: dict, planned: Execution
     if manifest.get("perfkit_source") != now.source_hash:
         said.append("perfkit's own source changed")
     said += _environment(manifest.get("cache_key") or {}, now.environment)
+    if then.get("threads") is not None and then.get("threads") != planned.threads:
+        said.append(f"threads {then.get('threads')} -> {planned.threads}")
     if (then.get("server") or None) != planned.server:
         said.append(f"the server changed: {served.change(then.get('server'), planned.server)}")
     profile = (manifest.get("options") or {}).get("profile")

@@ -19,6 +19,7 @@ from perfkit.experiment.records.results import (
     checked_text,
     load_all_results,
     results_path,
+    source_of,
     stamp_fields,
 )
 from perfkit.experiment.run import commit, judging
@@ -43,10 +44,15 @@ def _plots(ctx: RunContext, judged: list[judging.Judged]) -> Path:
         with commit.signals_deferred():
             j = item.judgement
             stamp = stamp_fields(h.id, h.hash, j.verdict.value, j.measured)
-            png = plots.render(h.id, j, list(item.points), h.expect.plot, stamp=stamp)
+            source = source_of(ctx.run_dir.run_id, item.executions)
+            png = plots.render(h.id, j, list(item.points), h.expect.plot, stamp=stamp, source=source)
             plots.write_plot(ctx.run_dir.path / "plots" / f"{h.id}.png", png)
             plots.write_plot(staged / f"{h.id}.png", plots.scaled(png, plots.LEDGER_DPI / plots.DPI))
     return staged
+
+
+def _manifest_here(project, run_id: str | None) -> bool:
+    return bool(run_id) and (project.runs_dir / run_id / "manifest.json").is_file()
 
 
 def write(ctx: RunContext, judged: list[judging.Judged], *, git: dict, machine: str | None) -> Written:
@@ -69,7 +75,7 @@ def write(ctx: RunContext, judged: list[judging.Judged], *, git: dict, machine: 
             result = replace(
                 result,
                 not_reproduced=judging.not_reproduced(result, previous, run_id),
-                changed=judging.changed(result, previous, run_id, said),
+                changed=judging.changed(result, previous, run_id, said, evidence_here=_manifest_here(project, run_id)),
             )
             made.append(result)
             if history.same_measurement(result, previous):

@@ -10,6 +10,7 @@ import importlib
 import pkgutil
 from typing import Any
 
+from perfkit.experiment.records.checker import Key, optional
 from perfkit.experiment.records.kinds.base import COMMON_KEYS, Expect
 
 
@@ -29,9 +30,9 @@ def _registry() -> dict[str, type[Expect]]:
 KINDS: dict[str, type[Expect]] = _registry()
 
 
-def all_keys() -> dict[str, bool]:
+def all_keys() -> dict[str, Key]:
     """Every key any kind accepts, none required: what an unknown `kind` is checked against."""
-    return {**COMMON_KEYS, **{k: False for cls in KINDS.values() for k in cls.KEYS}}
+    return {**COMMON_KEYS, **{k: optional(v.says) for cls in KINDS.values() for k, v in cls.KEYS.items()}}
 
 
 def expectation(*, kind: str, **fields: Any) -> Expect:

@@ -16,14 +16,20 @@ from typing import Any, ClassVar
 from perfkit import stats, units
 from perfkit.errors import UserError
 from perfkit.experiment.records import replicates
-from perfkit.experiment.records.checker import Checker, check_scalars
+from perfkit.experiment.records.checker import Checker, Key, check_scalars, optional, required
 from perfkit.experiment.records.plots import process_label
 from perfkit.experiment.records.verdict import Floor, Inconclusive, Judgement, Measured, Point, Verdict
 from perfkit.samples import MAX_SAMPLES
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]*$")
 DEFAULT_MIN_SAMPLES = 5
-COMMON_KEYS = {"kind": True, "at": False, "min_samples": False}
+COMMON_KEYS = {
+    "kind": required("which expected cost this is; the other keys depend on it"),
+    "at": optional(
+        "which recorded point the claim is about, as `{param: value}`, when the probe records the metric at several"
+    ),
+    "min_samples": optional(f"fewer samples than this give inconclusive (default {DEFAULT_MIN_SAMPLES})"),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,7 +37,7 @@ class Expect:
     """The expected cost of a hypothesis. Subclasses are the kinds; `kind` is the record's word."""
 
     KIND: ClassVar[str]
-    KEYS: ClassVar[dict[str, bool]]  # the kind's own keys -> required
+    KEYS: ClassVar[dict[str, Key]]  # the kind's own keys
 
     kind: str
     at: dict[str, Any] | None = None  # which recorded point, when there are several

@@ -11,7 +11,7 @@ from typing import Any
 
 from perfkit import stats, units
 from perfkit.experiment.records import plots
-from perfkit.experiment.records.checker import Checker
+from perfkit.experiment.records.checker import Checker, required
 from perfkit.experiment.records.kinds.base import (
     Expect,
     apart_warning,
@@ -32,7 +32,12 @@ class Scaling(Expect):
     """`metric ∝ over^k` with k = exponent ± tolerance."""
 
     KIND = "scaling"
-    KEYS = {"metric": True, "over": True, "exponent": True, "tolerance": True}
+    KEYS = {
+        "metric": required("the metric whose growth is claimed, recorded at two or more values of `over`"),
+        "over": required("the parameter it grows with: a probe.sweep parameter, or an `at` key the probe records"),
+        "exponent": required("k in metric ∝ over^k, fitted on log-log axes (1: linear, 0: flat)"),
+        "tolerance": required("the claim holds for k within exponent ± tolerance (above 0)"),
+    }
 
     metric: str
     over: str  # the swept parameter

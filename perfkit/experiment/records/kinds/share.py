@@ -11,7 +11,7 @@ from typing import Any
 
 from perfkit import stats, units
 from perfkit.experiment.records import plots
-from perfkit.experiment.records.checker import Checker
+from perfkit.experiment.records.checker import Checker, optional, required
 from perfkit.experiment.records.kinds.base import (
     Expect,
     apart_warning,
@@ -42,7 +42,13 @@ class Share(Expect):
     """`metric` takes between `at_least` and `at_most` of `of` (fractions, or % with `unit`)."""
 
     KIND = "share"
-    KEYS = {"metric": True, "of": True, "at_least": False, "at_most": False, "unit": False}
+    KEYS = {
+        "metric": required("the part: a metric the probe records with samples paired with `of`'s (a phase)"),
+        "of": required("the whole it is a share of (the step)"),
+        "at_least": optional("the least share the claim allows, a fraction (0.25) or, with unit %, a percentage"),
+        "at_most": optional("the most share the claim allows; give at_least, at_most or both"),
+        "unit": optional("fraction (the default) or %"),
+    }
 
     metric: str
     of: str

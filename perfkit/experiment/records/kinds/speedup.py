@@ -8,7 +8,7 @@ from typing import Any
 from perfkit import stats, units
 from perfkit.errors import UserError
 from perfkit.experiment.records import plots
-from perfkit.experiment.records.checker import Checker
+from perfkit.experiment.records.checker import Checker, optional, required
 from perfkit.experiment.records.kinds.base import (
     Expect,
     apart_warning,
@@ -33,7 +33,12 @@ class Speedup(Expect):
     """`candidate` is between `at_least` and `at_most` times faster than `baseline`."""
 
     KIND = "speedup"
-    KEYS = {"baseline": True, "candidate": True, "at_least": False, "at_most": False}
+    KEYS = {
+        "baseline": required("the metric of the slower arm, a time or a rate the probe records"),
+        "candidate": required("the metric of the arm claimed faster, in the same dimension as the baseline"),
+        "at_least": optional("the least times faster the claim allows (2 = twice as fast)"),
+        "at_most": optional("the most times faster it allows; give at_least, at_most or both"),
+    }
 
     baseline: str
     candidate: str

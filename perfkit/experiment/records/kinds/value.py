@@ -11,7 +11,7 @@ from typing import Any
 
 from perfkit import stats, units
 from perfkit.experiment.records import plots
-from perfkit.experiment.records.checker import Checker
+from perfkit.experiment.records.checker import Checker, optional, required
 from perfkit.experiment.records.kinds.base import (
     Expect,
     apart_warning,
@@ -29,7 +29,16 @@ from perfkit.experiment.records.kinds.base import (
 )
 from perfkit.experiment.records.verdict import Floor, Inconclusive, Judgement, Point
 
-_KEYS = {"metric": True, "unit": True, "value": False, "floor": False, "factor": False}
+_KEYS = {
+    "metric": required("the name the probe records the measurement under (`perfkit.record(name, ...)`)"),
+    "unit": required("the unit `value` is in; the recorded unit must convert to it (ms and s, tok/s and tok/ms)"),
+    "value": optional("the reference, a number above 0; give exactly one of `value` and `floor`"),
+    "floor": optional(
+        "instead of `value`: a metric the probe records beside the measurement (a roofline for this machine), "
+        "judged as the ratio measured / floor replicate by replicate"
+    ),
+    "factor": optional("how far from the reference is still the claim: a bound is factor x the reference"),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,7 +209,7 @@ class Cost(_Value):
     """The mean lies within `factor` of the reference: reference / factor .. reference * factor."""
 
     KIND = "cost"
-    KEYS = {**_KEYS, "factor": True}
+    KEYS = {**_KEYS, "factor": required("the claim holds from reference / factor to reference x factor (>= 1)")}
 
     @staticmethod
     def _least_factor() -> float | None:
