@@ -11,6 +11,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from perfkit import environment
 from perfkit.errors import UserError
 
 PACKAGE_DIR = Path(__file__).resolve().parent  # perfkit/ itself, wherever it is installed
@@ -87,7 +88,7 @@ class Project:
 def find_project(root: str | os.PathLike | None = None) -> Project:
     """The project at `root`, at PERFKIT_ROOT, or the nearest directory above cwd with hypotheses/."""
     if root is None:
-        root = os.environ.get("PERFKIT_ROOT") or None
+        root = environment.folder("PERFKIT_ROOT")
     if root is not None:
         path = Path(root).resolve()
         if not (path / "hypotheses").is_dir():

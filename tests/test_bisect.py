@@ -233,3 +233,38 @@ def test_a_killed_bisects_worktrees_are_removed_by_the_next_and_a_live_ones_are_
     assert not (runs / "bisect-killed" / "worktrees").exists() and "bisect-killed" not in listed, listed
     assert (runs / "bisect-running" / "worktrees").exists() and "bisect-running" in listed  # its owner lives
     assert not (runs / "bisect-next" / "worktrees").exists() and "bisect-next" not in listed
+
+
+def test_probe_from_commit_over_a_commit_without_the_record_skips_it_in_one_line(tmp_path, capsys):
+    """Issue 45, class 11: `--probe-from commit` over a commit whose tree had no hypotheses/ (git keeps no
+    empty folder) gave a FileNotFoundError traceback. That end is now a commit that cannot be measured."""
+    import subprocess
+
+    from perfkit.cli import main
+
+    top = tmp_path / "repo"
+    (top / "hypotheses").mkdir(parents=True)
+    (top / "notebooks").mkdir()
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "-C", str(top), *args], check=True)
+
+    git("init", "-q")
+    assert main(["--root", str(top), "new", "probe", "sort_speed"]) == 0
+    git("add", "-A")
+    git("commit", "-q", "-m", "the probe, no record yet")
+    (top / "hypotheses" / "sort-10k-under-2ms.yaml").write_text(
+        "id: sort-10k-under-2ms\nclaim: Sorting 10k floats takes under 2 ms.\n"
+        "rationale: numpy sorts 10k floats in well under a millisecond.\n"
+        "expect: {kind: at_most, metric: sort_speed, value: 2, unit: ms, at: {n: 10000}}\n"
+        "probe: {notebook: sort_speed.ipynb, params: {n: 10000}}\n"
+    )
+    git("add", "-A")
+    git("commit", "-q", "-m", "the record")
+    capsys.readouterr()
+    argv = ["--root", str(top), "bisect", "sort-10k-under-2ms", "--good", "HEAD~1", "--bad", "HEAD"]
+    assert main([*argv, "--probe-from", "commit", "--replicates", "2"]) == 3  # an end could not be measured
+    said = capsys.readouterr()
+    assert "Traceback" not in said.err + said.out
+    assert "could not measure an end: the good end could not be measured: cannot be measured here: " in said.out
+    assert "no such hypothesis: sort-10k-under-2ms" in said.out

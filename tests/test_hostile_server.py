@@ -184,3 +184,45 @@ def test_decoding_random_hostile_json_never_raises_and_keeps_only_finite_numbers
         assert body is None or finite(body), text[:200]
     deep = ("[" * 100_000 + "]" * 100_000).encode()
     assert endpoints.decode_json(deep) is None and endpoints.decode_json(b"[[[[1]]]]") == [[[[1]]]]
+
+
+@pytest.mark.parametrize("mode", ["drip", "huge", "nested"])
+def test_a_run_against_a_hostile_server_ends_within_its_timeout_small_and_in_one_line(hostile, tmp_path, mode):
+    """The whole of `perfkit run` (planning, the probe, the run's own reads at each window's edges) against
+    a server that drips, floods or nests: within --timeout plus a few seconds, under 500 MB resident, an
+    error naming the URL and no traceback, and the ledger still a text file."""
+    import subprocess
+    import sys
+
+    import nbformat
+
+    from perfkit.cli import main
+
+    (tmp_path / "hypotheses").mkdir()
+    (tmp_path / "notebooks").mkdir()
+    assert main(["--root", str(tmp_path), "new", "probe", "served_read"]) == 0
+    path = tmp_path / "notebooks" / "served_read.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    (cell,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    cell.source = 'server_url: str = ""\nn: int = 1000\nrepeat: int = 5\nwarmup: int = 0'
+    nbformat.write(nb, path)
+    (tmp_path / "hypotheses" / "read-under-1s.yaml").write_text(
+        "id: read-under-1s\nclaim: The probe beside a server takes under a second.\n"
+        "rationale: a thousand floats sort in microseconds.\n"
+        "expect: {kind: at_most, metric: served_read, value: 1000, unit: ms, at: {n: 1000}}\n"
+        f"probe: {{notebook: served_read.ipynb, params: {{n: 1000, server_url: '{hostile}/{mode}'}}}}\n"
+    )
+    timeout_s = 30
+    script = "import sys; from perfkit.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", script, "--root", str(tmp_path), "run", "--quick", "--timeout", str(timeout_s)]
+    t0 = time.monotonic()
+    done = subprocess.run([*argv, "read-under-1s"], capture_output=True, text=True, timeout=timeout_s + 60)
+    took = time.monotonic() - t0
+    grown_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest child so far
+    said = done.stdout + done.stderr
+    assert "Traceback" not in said, said[-3000:]
+    assert took < timeout_s + 15, f"{took:.0f} s: {said[-2000:]}"
+    assert grown_mib < 500, f"{grown_mib:.0f} MiB resident"
+    assert done.returncode in (0, 1), said[-2000:]  # a verdict of error is a run that ended, not a crash
+    assert f"127.0.0.1:{hostile.rsplit(':', 1)[1]}/{mode}" in said  # the URL is named
+    assert b"\x00" not in (tmp_path / "hypotheses" / "LEDGER.md").read_bytes()

@@ -124,3 +124,58 @@ def test_a_count_from_the_environment_is_a_whole_number_or_the_default_said_once
     assert environment.count_or_default("PERFKIT_PROFILE_EVERY", 50) == got
     err = capsys.readouterr().err
     assert ("ignoring $PERFKIT_PROFILE_EVERY" in err) == (value not in ("", "7"))
+
+
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        ("bad\nfolder", "control characters"),
+        ("x" * (environment.PATH_MAX + 1), f"more than {environment.PATH_MAX}"),
+        ("caf\udce9", "not UTF-8"),
+        ("\x1b[2Jcache", "control characters"),
+    ],
+)
+def test_a_folder_from_the_environment_has_a_declared_form(monkeypatch, capsys, value, why):
+    monkeypatch.setitem(os.environ, "PERFKIT_CACHE_DIR", value)
+    with pytest.raises(UserError, match=r"^\$PERFKIT_CACHE_DIR: expected a folder, got '") as caught:
+        environment.folder("PERFKIT_CACHE_DIR")
+    assert why in str(caught.value) and len(str(caught.value)) < 200 and "\x1b" not in str(caught.value)
+    assert environment.folder("PERFKIT_CACHE_DIR", strict=False) is None  # a kernel perfkit does not own
+    assert "ignoring $PERFKIT_CACHE_DIR=" in capsys.readouterr().err
+
+
+def test_a_folder_is_a_directory_or_absent_and_a_file_there_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("PERFKIT_CACHE_DIR", str(tmp_path / "not yet"))
+    assert environment.folder("PERFKIT_CACHE_DIR") == tmp_path / "not yet"
+    monkeypatch.setenv("PERFKIT_CACHE_DIR", f"  {tmp_path}  ")
+    assert environment.folder("PERFKIT_CACHE_DIR") == tmp_path
+    monkeypatch.setenv("PERFKIT_CACHE_DIR", "")
+    assert environment.folder("PERFKIT_CACHE_DIR") is None
+    (tmp_path / "a file").write_text("mine")
+    monkeypatch.setenv("PERFKIT_CACHE_DIR", str(tmp_path / "a file"))
+    with pytest.raises(UserError, match="it is not a directory"):
+        environment.folder("PERFKIT_CACHE_DIR")
+    assert (tmp_path / "a file").read_text() == "mine"
+
+
+def test_the_readers_of_folders_and_counts_take_the_declared_forms(tmp_path, monkeypatch, capsys):
+    from perfkit.machine import bandwidth
+    from perfkit.paths import find_project
+
+    (tmp_path / "f").write_text("")
+    monkeypatch.setenv("PERFKIT_CACHE_DIR", str(tmp_path / "f"))
+    with pytest.raises(UserError, match=r"\$PERFKIT_CACHE_DIR"):
+        bandwidth.cache_dir()
+    monkeypatch.setenv("PERFKIT_ROOT", "two\nlines")
+    with pytest.raises(UserError, match=r"\$PERFKIT_ROOT: expected a folder"):
+        find_project()
+    assert main(["validate"]) == 2  # the command says so in one line, no traceback
+    err = capsys.readouterr().err
+    assert "$PERFKIT_ROOT: expected a folder, got 'two\\nlines'" in err and "Traceback" not in err, err
+    monkeypatch.setenv("PERFKIT_OUTPUT_CAP", "12k")
+    assert environment.count_or_none("PERFKIT_OUTPUT_CAP") is None
+    assert "ignoring $PERFKIT_OUTPUT_CAP='12k'" in capsys.readouterr().err
+    monkeypatch.setenv("PERFKIT_OUTPUT_CAP", "4096")
+    assert environment.count_or_none("PERFKIT_OUTPUT_CAP") == 4096
+    monkeypatch.delenv("PERFKIT_OUTPUT_CAP")
+    assert environment.count_or_none("PERFKIT_OUTPUT_CAP") is None

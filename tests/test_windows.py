@@ -130,7 +130,7 @@ def test_windows_on_one_server_never_overlap_and_are_cooled_down_while_others_ru
     edges: list[tuple[str, str, float]] = []
     lock = threading.Lock()
 
-    def read(url):
+    def read(url, timeout):
         with lock:
             edges.append((url, "read", time.monotonic()))
         return {"model": "m"}
@@ -158,3 +158,53 @@ def test_windows_on_one_server_never_overlap_and_are_cooled_down_while_others_ru
     assert abs(first_a[0] - first_b[0]) < 0.1  # another server's window does not wait for this one's
     with w.window(execution(server={"started_by_probe": True})) as none:
         assert none is None
+
+
+def test_a_server_that_never_answers_takes_one_allowance_of_the_run_not_a_deadline_per_edge():
+    """Issue 45, class 3: a server that drips held every window's two edges for the full deadline (a 3
+    replicate run of 1 s probes took 58 s with --timeout 30), and was then said to have 'restarted'."""
+    asked: list[float] = []
+
+    def read(url, timeout):
+        asked.append(timeout)
+        time.sleep(timeout)  # it drips until the deadline
+        return {"unreachable": f"{url}/v1/models did not finish its answer within {timeout:g} s"}
+
+    w = windows.Windows(cooldown_s=0.0, read=read, failing_s=0.6)
+    planned = execution(server={"url": "http://drip:1", "model": "m"})
+    t0 = time.monotonic()
+    replicates = []
+    for r in range(5):
+        with w.window(planned) as reading:
+            pass
+        replicates.append(
+            execution(replicate=r, server={"url": "http://drip:1", "model": "m"}, server_instance=reading)
+        )
+    assert time.monotonic() - t0 < 0.6 + 0.3  # ten edges, one allowance
+    assert asked == [0.6]  # the first read took the allowance; none was asked again
+    said = replicates[-1].server_instance["after"]["unreachable"]
+    assert said == "not read: it gave no answer in 0.6 s of this run's reads"
+    problem, warnings = windows.judged(replicates)
+    assert problem is None and len(warnings) == 1, warnings
+    assert warnings[0].startswith("the server at http://drip:1 did not answer at the edge of replicate 0: ")
+    assert not any("restarted" in w for w in warnings)
+
+
+def test_a_server_that_answers_again_is_read_again_within_what_is_left():
+    answers = iter([None, "m", "m", "m"])
+
+    def read(url, timeout):
+        got = next(answers)
+        if got is None:
+            time.sleep(0.1)
+            return {"unreachable": "busy"}
+        return {"model": got, "pid": 7}
+
+    w = windows.Windows(cooldown_s=0.0, read=read, failing_s=5.0)
+    planned = execution(server={"url": "http://a:1", "model": "m"})
+    with w.window(planned) as first:
+        pass
+    with w.window(planned) as second:
+        pass
+    assert "unreachable" in first["before"] and first["after"]["model"] == "m"
+    assert second["before"]["pid"] == second["after"]["pid"] == 7

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import psutil
 
+from perfkit import environment
 from perfkit.errors import RecordError, UserError
 from perfkit.files import VERSION_KEY, read_versioned, write_json
 from perfkit.machine.devices import fingerprint, fingerprint_inputs
@@ -309,7 +309,7 @@ def measure(
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("PERFKIT_CACHE_DIR") or Path.home() / ".cache" / "perfkit")
+    return environment.folder("PERFKIT_CACHE_DIR") or Path.home() / ".cache" / "perfkit"
 
 
 def cache_path(fp: str | None = None) -> Path:

@@ -42,6 +42,7 @@ import time
 import uuid
 from pathlib import Path
 
+from perfkit import environment
 from perfkit.engine import data
 from perfkit.engine.serve.api import Failure, chat_prompt, params, prompt_tokens
 from perfkit.engine.serve.metrics import CONTENT_TYPE, ServerMetrics
@@ -342,7 +343,7 @@ def serve(args) -> int:
     state.server = Server(config)
     for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn re-raises the signal it stopped on: let it pass
         signal.signal(sig, lambda *_: None)
-    _exit_with(os.environ.get("PERFKIT_SERVE_PARENT"))
+    _exit_with(environment.count_or_none("PERFKIT_SERVE_PARENT", high=2**31 - 1))
     _pass_on_reports(state.workers)
     try:
         state.server.run()
@@ -371,14 +372,14 @@ def _pass_on_reports(workers: Workers) -> None:
     signal.signal(signal.SIGUSR1, ask)
 
 
-def _exit_with(parent: str | None) -> None:
+def _exit_with(parent: int | None) -> None:
     """SIGTERM this server when process `parent` is gone (PERFKIT_SERVE_PARENT: the probe that started
     it, in a session of its own, so nothing else stops it when that probe's kernel is killed)."""
-    if not parent or not parent.isdigit():
+    if parent is None:
         return
 
     def watch():
-        while os.getppid() == int(parent):
+        while os.getppid() == parent:
             time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGTERM)
 

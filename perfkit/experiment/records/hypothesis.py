@@ -205,7 +205,10 @@ def load_hypothesis(path: Path, project: Project, *, notebook_cache: dict | None
 
 
 def hypothesis_files(project: Project) -> list[Path]:
-    """Every record file, dangling links included (they are errors, not silently skipped)."""
+    """Every record file, dangling links included (they are errors, not silently skipped); none when the
+    project has no hypotheses/ (an old commit's tree, checked out by `perfkit bisect --probe-from commit`)."""
+    if not project.hypotheses_dir.is_dir():
+        return []
     return sorted(
         p for p in project.hypotheses_dir.iterdir() if p.suffix in (".yaml", ".yml") and (p.is_file() or p.is_symlink())
     )

@@ -11,6 +11,7 @@ an error is never reused.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from perfkit import endpoints, prometheus
@@ -42,6 +43,7 @@ def instance(url: str, *, timeout: float = TIMEOUT_S) -> dict[str, Any]:
     (`process_start_time_seconds` in GET /metrics, as vLLM and prometheus_client export); a field it
     does not say is left out, and `unreachable` says why nothing answered."""
     url = url.rstrip("/")
+    deadline = time.monotonic() + timeout  # one deadline for both reads, not one each
     try:
         found = endpoints.identity(url, timeout=timeout)
     except endpoints.Unreachable as exc:
@@ -53,8 +55,9 @@ def instance(url: str, *, timeout: float = TIMEOUT_S) -> dict[str, Any]:
         out["pid"] = engine["server_pid"]
     if isinstance(engine.get("pids"), list):
         out["pids"] = engine["pids"]
+    left = deadline - time.monotonic()
     try:
-        start = prometheus.scrape(url, timeout=timeout).start_time()
+        start = prometheus.scrape(url, timeout=left).start_time() if left > 0.05 else None
     except UserError:  # no /metrics, or no prometheus_client here: the start time is not known
         start = None
     if start is not None:

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from perfkit import environment
+
 NAME = "perfkit"
 PROVISIONER = "perfkit-warm"  # a warm replicate's kernelspec names it; so does perfkit's entry point
 OUTPUT_CAP_ENV = "PERFKIT_OUTPUT_CAP"  # characters of stdout and stderr the kernel forwards
@@ -120,8 +122,8 @@ def launch_kernel(argv: list[str] | None = None, *, warm: bool = False) -> None:
     `warm`: this process was forked from a template that imported matplotlib's inline backend before
     any IPython shell existed (perfkit/experiment/run/warm.py); it is hooked to this kernel's shell here,
     as its import would have done in a fresh kernel."""
-    root = os.environ.get(CODE_ROOT_ENV) or os.environ.get("PERFKIT_ROOT")
-    found = Path(root) if root else project_root(Path.cwd().resolve())
+    root = environment.folder(CODE_ROOT_ENV, strict=False) or environment.folder("PERFKIT_ROOT", strict=False)
+    found = root if root is not None else project_root(Path.cwd().resolve())
     if found is not None:
         on_path(found)
     from ipykernel import kernelapp
@@ -133,9 +135,9 @@ def launch_kernel(argv: list[str] | None = None, *, warm: bool = False) -> None:
     inline = sys.modules.get("matplotlib_inline.backend_inline")
     if warm and inline is not None:
         inline._enable_matplotlib_integration()
-    cap = os.environ.get(OUTPUT_CAP_ENV, "")
-    if cap.isdigit():  # set by `perfkit run` for its probes; a kernel in JupyterLab prints everything
-        cap_streams(int(cap))
+    cap = environment.count_or_none(OUTPUT_CAP_ENV)
+    if cap is not None:  # set by `perfkit run` for its probes; a kernel in JupyterLab prints everything
+        cap_streams(cap)
     app.start()
 
 

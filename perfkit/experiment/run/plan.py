@@ -249,11 +249,14 @@ def plan(
     *,
     note: Callable[[str], None] = print,
     samples: dict[str, dict[str, int]] | None = None,
+    servers: dict[str, dict] | None = None,
 ) -> Plan:
     """The distinct executions the hypotheses need; an override no selected probe declares is an error.
 
     `samples`: sample counts chosen for executions (by their key without them, replicates.py); every
-    hypothesis that reads such an execution reads it with them."""
+    hypothesis that reads such an execution reads it with them. `servers`: url -> identity, filled as
+    the servers are asked; a run passes one dict to each of its plans, so each server is asked once
+    (a server that does not answer holds a run once, not once a plan)."""
     quick, overrides = options.quick, options.overrides
     declared_cache: dict[str, dict] = {}
     used_overrides: set[str] = set()
@@ -265,7 +268,7 @@ def plan(
     code_of: dict[str, CodeState] = {}
     notebooks: dict[str, str] = {}
     sources: dict[str, bytes] = {}  # notebook -> its bytes, read once: what is hashed is what every replicate runs
-    servers: dict[str, dict] = {}  # url -> identity, asked once per run
+    servers = {} if servers is None else servers
     for h in hypotheses:
         path = project.notebooks_dir / h.probe.notebook
         if h.probe.notebook not in declared_cache:

@@ -96,9 +96,10 @@ def _start(
         environment["cluster"] = options.cluster
         say(f"cluster {options.cluster}: {remote.where(client)}")
     basis = Basis(source_hash, environment, code_for, replicates=policy.first, strict=limits.strict)
-    the_plan = plan(project, hypotheses, options, basis, note=say)
+    servers: dict[str, dict] = {}  # url -> identity: each running server is asked once in a run
+    the_plan = plan(project, hypotheses, options, basis, note=say, servers=servers)
     say(_threads_line(options, limits))
-    first = _first_round(project, hypotheses, options, policy, the_plan, basis)
+    first = _first_round(project, hypotheses, options, policy, the_plan, basis, servers)
     the_plan = first.plan
     for line in first.lines:
         say(line)
@@ -158,11 +159,12 @@ def _first_round(
     policy: replicates.Policy,
     the_plan,
     basis: Basis,
+    servers: dict[str, dict],
 ) -> priors.FirstRound:
     """The first round planned from the ledger (priors.py): replicates and sample counts, within --budget."""
 
     def replan(chosen: dict[str, dict[str, int]]):
-        return plan(project, hypotheses, options, basis, note=lambda _: None, samples=chosen)
+        return plan(project, hypotheses, options, basis, note=lambda _: None, samples=chosen, servers=servers)
 
     def reusable(x) -> int:
         return 0 if options.force else schedule.stored_replicates(project, x)

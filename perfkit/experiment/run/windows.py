@@ -32,6 +32,7 @@ from perfkit.experiment.records.results import Execution
 __all__ = ["COOLDOWN_S", "Windows", "judged"]
 
 COOLDOWN_S = 2.0
+FAILING_S = 10.0  # seconds of reads at the edges that a server which does not answer may take from a run, in all
 
 
 def url_of(planned: Execution) -> str | None:
@@ -67,11 +68,25 @@ def local_processes(url: str, reading: dict[str, Any]) -> tuple[int, ...]:
 class Windows:
     """The run's windows on running servers: one at a time per server, cooled down, read at the edges."""
 
-    def __init__(self, cooldown_s: float = COOLDOWN_S, read=served.instance) -> None:
-        self.cooldown_s, self._read = cooldown_s, read
+    def __init__(self, cooldown_s: float = COOLDOWN_S, read=served.instance, failing_s: float = FAILING_S) -> None:
+        """`read(url, timeout=s)`: a reading of the server (served.instance). A server that does not answer
+        (it drips, hangs, floods) takes at most `failing_s` of the run in all, not a deadline per edge:
+        its later edges are read within what is left, and not at all once it is spent."""
+        self.cooldown_s, self._read, self.failing_s = cooldown_s, read, failing_s
         self._lock = threading.Lock()
         self._servers: dict[str, threading.Lock] = {}
         self._ended: dict[str, float] = {}
+        self._failing: dict[str, float] = {}  # seconds spent on reads of the server that got no answer
+
+    def _reading(self, url: str) -> dict[str, Any]:
+        left = self.failing_s - self._failing.get(url, 0.0)
+        if left <= 0.05:
+            return {"unreachable": f"not read: it gave no answer in {self.failing_s:g} s of this run's reads"}
+        t0 = time.monotonic()
+        got = self._read(url, timeout=min(served.TIMEOUT_S, left))
+        if "unreachable" in got:
+            self._failing[url] = self._failing.get(url, 0.0) + time.monotonic() - t0
+        return {**got, "at": time.time()}
 
     @contextmanager
     def window(self, planned: Execution, say=None) -> Iterator[dict[str, Any] | None]:
@@ -87,11 +102,11 @@ class Windows:
             rest = self._ended.get(url, -float("inf")) + self.cooldown_s - time.monotonic()
             if rest > 0:
                 time.sleep(rest)
-            reading = {"before": {**self._read(url), "at": time.time()}}
+            reading = {"before": self._reading(url)}
             try:
                 yield reading
             finally:
-                reading["after"] = {**self._read(url), "at": time.time()}
+                reading["after"] = self._reading(url)
                 self._ended[url] = time.monotonic()
 
 
@@ -136,6 +151,8 @@ def judged(executions: list[Execution]) -> tuple[str | None, list[str]]:
             problem = f"the server at {url} changed between its windows ({change}): the replicates measured two servers"
         if dead:
             warnings.append(f"the server at {url} did not answer at the edge of replicate {dead[0][0]}: {dead[0][1]}")
+        if not seen:  # it never answered: which of its processes ran the windows is not known
+            continue
         told = _processes([e for _, e in seen])
         if told is None:
             warnings.append(
