@@ -120,6 +120,18 @@ def _review_commands(sub, options) -> None:
     show.add_argument("id")
     show.add_argument("--json", action="store_true", help="the record, the standing result and the history as JSON")
 
+    his = sub.add_parser(
+        "history", help="one hypothesis's measurements over runs, per machine kind, with change points"
+    )
+    his.add_argument("id")
+    his.add_argument("--plot", default=None, metavar="FILE",
+                     help="where to draw it (a .png; default runs/history/ID.png)")  # fmt: skip
+
+    chg = sub.add_parser("changes", help="the change points across the ledger, the most severe first, one line each")
+    chg.add_argument("--since", default=None, metavar="WHEN",
+                     help="only changes first seen at or after this run id, UTC date or time, or commit")  # fmt: skip
+    chg.add_argument("--check", action="store_true", help="exit 1 when a confirmed change is listed (for CI)")
+
     chk = sub.add_parser(
         "check",
         help="measure the working tree against one hypothesis for `git bisect run`: exit 0 it holds, "
@@ -321,6 +333,41 @@ def _report(project, args) -> int:
     return 0
 
 
+def _history(project, args) -> int:
+    from pathlib import Path
+
+    from perfkit.experiment.outputs import changes
+    from perfkit.experiment.records.results import load_all_results
+    from perfkit.files import output_file
+
+    results = load_all_results(project)
+    sys.stdout.write(changes.history_text(project, results, args.id))
+    out = Path(args.plot) if args.plot else project.runs_dir / "history" / f"{args.id}.png"
+    if args.plot is None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    output_file(out, "history --plot")
+    print(f"drawn: {project.relative(changes.write_history_plot(project, results, args.id, out))}")
+    return 0
+
+
+def _changes(project, args) -> int:
+    from perfkit.experiment.outputs import changes
+    from perfkit.experiment.records.results import load_all_results
+    from perfkit.experiment.records.series import since_run
+
+    results = load_all_results(project)
+    since = None
+    if args.since is not None:
+        since = since_run(results, args.since)
+        if since is None:
+            raise UserError(
+                f"--since {args.since!r}: expected a run id, a UTC date or time, or a commit a run measured"
+            )
+    text, confirmed = changes.changes_text(results, since)
+    sys.stdout.write(text)
+    return 1 if args.check and confirmed else 0
+
+
 def _show(project, args) -> int:
     from perfkit.experiment.outputs import show
 
@@ -355,6 +402,10 @@ def _main(argv: list[str]) -> int:
         return _report(project, args)
     if args.command == "show":
         return _show(project, args)
+    if args.command == "history":
+        return _history(project, args)
+    if args.command == "changes":
+        return _changes(project, args)
     if args.command == "bisect":
         return commands.bisect(project, args)
     if args.command == "new":
