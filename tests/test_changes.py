@@ -144,9 +144,14 @@ def test_a_change_with_one_run_after_it_is_pending_and_a_small_one_is_not_confir
 
 
 def _stored(project: Project, n: int, *, step_at: int, rng) -> list[RunResults]:
-    """`n` runs of four hypotheses; `slow` steps up 15% at run `step_at`, the others never move."""
-    truths = {hid: _run_estimates(rng, n, step_at=step_at if hid == "slow" else None, outlier=50 if hid == "odd" else None)
-              for hid in ("slow", "steady", "odd", "drifting")}  # fmt: skip
+    """`n` runs of four hypotheses: `slow` steps up 15% at run `step_at`; `odd` has one outlier run,
+    `drifting` drifts 3% over the series, `steady` neither."""
+    truths = {
+        "slow": _run_estimates(rng, n, step_at=step_at),
+        "steady": _run_estimates(rng, n, step_at=None),
+        "odd": _run_estimates(rng, n, step_at=None, outlier=50),
+        "drifting": _run_estimates(rng, n, step_at=None, drift=0.03),
+    }
     stored = []
     for i in range(n):
         hs = []
@@ -167,7 +172,7 @@ def test_perfkit_changes_names_the_run_of_a_15_percent_step_in_200_runs_and_only
     assert main(["--root", str(tmp_path), "changes"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1, lines
-    assert lines[0].startswith(f"slow: mean (ms) +1") and f"at run {step_run} (000137cccc)" in lines[0]
+    assert lines[0].startswith("slow: mean (ms) +1") and f"at run {step_run} (000137cccc)" in lines[0]
     assert "; confirmed" in lines[0] and "verdict confirmed -> refuted" in lines[0]
     assert main(["--root", str(tmp_path), "changes", "--check"]) == 1  # for CI: a confirmed change fails it
     capsys.readouterr()
