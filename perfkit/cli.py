@@ -359,9 +359,16 @@ def _changes(project, args) -> int:
     since = None
     if args.since is not None:
         since = since_run(results, args.since)
+        if since is None:  # a branch, a tag, HEAD~20: the first run at the commit it names, else its time
+            from perfkit.paths import git_try
+
+            named = git_try(project.root, "show", "-s", "--format=%H %cI", f"{args.since}^{{commit}}", "--")
+            if named is not None and named.returncode == 0 and named.stdout.strip():
+                sha, _, when = named.stdout.strip().partition(" ")
+                since = since_run(results, sha) or since_run(results, when)
         if since is None:
             raise UserError(
-                f"--since {args.since!r}: expected a run id, a UTC date or time, or a commit a run measured"
+                f"--since {args.since!r}: expected a run id, a UTC date or time, a commit or a git revision"
             )
     text, confirmed = changes.changes_text(results, since)
     sys.stdout.write(text)

@@ -1,4 +1,5 @@
-"""Issue 47: change points over a series of runs, against known truth and against Apache Otava.
+"""Issue 47: change points over a series of runs, against known truth and against Apache Otava; the
+examples of docs/history.md, run as written.
 
 The series are simulated runs of known truth: each run's estimate carries the run's own offset (its
 processes, the machine that day: heavy-tailed, autocorrelated from one run to the next), some drift
@@ -174,12 +175,21 @@ def test_perfkit_changes_names_the_run_of_a_15_percent_step_in_200_runs_and_only
     assert len(lines) == 1, lines
     assert lines[0].startswith("slow: mean (ms) +1") and f"at run {step_run} (000137cccc)" in lines[0]
     assert "; confirmed" in lines[0] and "verdict confirmed -> refuted" in lines[0]
+    from test_docs import ROOT, block
+
+    assert lines[0] == block(ROOT / "docs" / "history.md", "changes-line")  # the page shows this line as printed
     assert main(["--root", str(tmp_path), "changes", "--check"]) == 1  # for CI: a confirmed change fails it
     capsys.readouterr()
     assert main(["--root", str(tmp_path), "changes", "--since", stored[150].run_id]) == 0
     assert capsys.readouterr().out.startswith("no change points since run ")
     assert main(["--root", str(tmp_path), "changes", "--since", "000130cccc"]) == 0  # a commit
     assert f"at run {step_run}" in capsys.readouterr().out
+    import subprocess
+
+    for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "now"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "-C", str(tmp_path), *args], check=True)
+    assert main(["--root", str(tmp_path), "changes", "--since", "HEAD"]) == 0  # no run at it: the commit's time
+    assert capsys.readouterr().out.startswith("no change points since run 20")
     assert main(["--root", str(tmp_path), "changes", "--since", "yesterday"]) == 2
     assert "--since 'yesterday': expected a run id" in capsys.readouterr().err
 

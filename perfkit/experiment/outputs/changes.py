@@ -85,6 +85,7 @@ def history_png(project: Project, all_results: list[RunResults], hid: str) -> by
     """The series of `hid` drawn: each run's estimate and interval in run order, the claim's bound, the
     change points marked; one panel per machine kind."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter
 
     found = _series_for(project, all_results, hid)
     low_edge, high_edge = _edges(project, hid)
@@ -110,13 +111,16 @@ def history_png(project: Project, all_results: list[RunResults], hid: str) -> by
                         ha="left", va="top", xytext=(3, -2), textcoords="offset points")  # fmt: skip
         if s.log:
             ax.set_yscale("log")
-        step = max(1, len(xs) // 6)
+            ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+            ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+        step = max(1, -(-len(xs) // 4))  # four run ids at most: they are long
         ax.set_xticks(xs[::step], [s.points[i].run_id for i in xs[::step]], fontsize=7)
+        ax.set_xlim(-0.7, len(xs) - 0.3)
         ax.set_ylabel(s.points[0].measured.unit or s.quantity.split(" (")[0], fontsize=8)
         ax.set_title(plots.wrap(f"{s.quantity} on {s.machine}", 90), fontsize=8, loc="left")
-        ax.tick_params(axis="y", labelsize=7)
+        ax.tick_params(axis="y", which="both", labelsize=7)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="lower right")
+            ax.legend(fontsize=7, loc="best", framealpha=0.6)
     fig.suptitle(f"{hid}: every run's estimate and interval (green confirmed, red refuted, grey neither)",
                  fontsize=9)  # fmt: skip
     fig.tight_layout()

@@ -23,9 +23,10 @@ from perfkit.experiment.outputs.words import (
 )
 from perfkit.experiment.records import results, served
 from perfkit.experiment.records.compare import floor_move
-from perfkit.experiment.records.history import Entry, attempt, before, history, standing
+from perfkit.experiment.records.history import Entry, attempt, befores, history, standing
 from perfkit.experiment.records.hypothesis import load_hypotheses
 from perfkit.experiment.records.results import RunResults, load_all_results
+from perfkit.experiment.records.series import Series, changes, series_of
 from perfkit.files import write_atomic
 from perfkit.machine import fitness
 from perfkit.paths import Project
@@ -65,14 +66,50 @@ def _history_row(entry: Entry, previous: Entry | None) -> str:
         notes.append(f"not measured: {why}; the standing measurement is kept")
     if entry.result.not_reproduced:
         notes.append(f"**not reproduced**: {entry.result.not_reproduced}")
-    if entry.result.changed:
-        notes.append(f"changed: {entry.result.changed}")
+    changed = _changed_note(entry.result.changed)
+    if changed:
+        notes.append(f"changed: {changed}")
     if entry.result.measured is None and entry.result.reason:
         notes.append(entry.result.reason)
     return (
         f"| {cell(entry.run_id)} | {cell(run_words(entry.run))} | {entry.result.verdict} "
         f"| {cell(measured_text(entry.result))} | {cell('; '.join(notes)) if notes else ''} |"
     )
+
+
+SHOWN_CHANGED = 200  # characters of what a run said changed; `perfkit show ID` has it all
+NO_MOVE = ("within the noise of", "unchanged (")  # how compare.moved_from says that nothing moved
+
+
+def _changed_note(changed: str | None) -> str | None:
+    """What a run said changed, when the measurement moved with it; None when it says nothing moved
+    (a row then says nothing: the ledger's notes are for what happened)."""
+    if not changed or changed.rpartition(": ")[2].startswith(NO_MOVE):
+        return None
+    return changed if len(changed) <= SHOWN_CHANGED else changed[: SHOWN_CHANGED - 3].rstrip() + "..."
+
+
+SHOWN_CHANGES = 3  # change points per hypothesis in its section, the latest; `perfkit history ID` has them all
+LEDGER_SERIES = 200  # the latest runs of each series the ledger looks for change points in (a bounded cost)
+
+
+def _change_points(hid: str, found: list[Series]) -> list[str]:
+    """The section's line of change points: the latest confirmed or pending ones, within LEDGER_SERIES runs."""
+    said = []
+    for s in found:
+        recent = Series(s.hypothesis, s.quantity, s.machine, s.points[-LEDGER_SERIES:])
+        for c in changes(recent):
+            if c.status != "not confirmed":
+                flip = f", verdict {c.flipped()}" if c.flipped() else ""
+                commit = f" ({c.first.commit[:10]})" if c.first.commit else ""
+                said.append(
+                    (c.first.run_id, f"{c.words()} at run {c.first.run_id}{commit} on {s.machine}, {c.status}{flip}")
+                )
+    if not said:
+        return []
+    shown = [text for _, text in sorted(said)[-SHOWN_CHANGES:]]
+    command = f"`perfkit history {hid}`" if code(hid).startswith("`") else "perfkit history"
+    return [f"Change points ({command}): " + cell("; ".join(shown)) + ".", ""]
 
 
 SYMBOLS = {"confirmed": "✅", "refuted": "❌", "inconclusive": "❔", "error": "⚠️"}
@@ -107,7 +144,7 @@ def _per_machine(result) -> list[str]:
     return [f"<details><summary>{summary}</summary>", "", *header, *rows, "", "</details>", ""]
 
 
-def _section(hid: str, runs: list[Entry]) -> list[str]:
+def _section(hid: str, runs: list[Entry], found: list[Series] = ()) -> list[str]:
     """A hypothesis's own section: its verdict in words, the evidence, its plot at a readable width, its history."""
     latest = standing(runs)
     r = latest.result
@@ -124,8 +161,9 @@ def _section(hid: str, runs: list[Entry]) -> list[str]:
             "",
         ]
     lines += _per_machine(r)
+    lines += _change_points(hid, list(found))
     header = ["| run | how | verdict | measured [95% interval] | note |", "|---|---|---|---|---|"]
-    previous = [before(runs, e) for e in runs]
+    previous = befores(runs)
     rows = [_history_row(e, p) for e, p in zip(runs, previous)]
     older = rows[:-SHOWN_HISTORY]
     # the flips kept in view: from the verdicts, never from a row's text; the latest few, so that the
@@ -213,8 +251,11 @@ def render(all_results: list[RunResults]) -> str:
         "measurement adds no row. Older measurements are in the collapsed block under each table.",
         "",
     ]
+    by_hypothesis: dict[str, list[Series]] = {}
+    for s in series_of(all_results):
+        by_hypothesis.setdefault(s.hypothesis, []).append(s)
     for hid, runs in entries.items():
-        lines += _section(hid, runs)
+        lines += _section(hid, runs, by_hypothesis.get(hid, []))
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -307,14 +348,15 @@ def mismatched_plots(project: Project, entries: dict[str, list[Entry]]) -> list[
     return out
 
 
-def redraw_plots(project: Project) -> list[str]:
+def redraw_plots(project: Project, all_results: list[RunResults] | None = None) -> list[str]:
     """Each mismatched ledger plot scaled again from its run's own plot (runs/<run-id>/plots/), when that
     one is here and carries the row's stamp; what could not be redrawn is said."""
     from perfkit.experiment.records import plots
     from perfkit.experiment.records.results import stamp
 
     said = []
-    for hid, path, entry in mismatched_plots(project, history(load_all_results(project))):
+    all_results = load_all_results(project) if all_results is None else all_results
+    for hid, path, entry in mismatched_plots(project, history(all_results)):
         source = project.runs_dir / entry.run_id / "plots" / f"{hid}.png"
         if source.is_file() and plots.stamp_of(source) == stamp(entry.result):
             plots.write_plot(path, plots.scaled(source.read_bytes(), plots.LEDGER_DPI / plots.DPI))

@@ -84,6 +84,15 @@ def standing(runs: list[Entry]) -> Entry:
 
 def before(runs: list[Entry], entry: Entry) -> Entry | None:
     """The fit measurement a new entry is compared with (for a flip): the latest fit one before it."""
-    earlier = runs[: runs.index(entry)]
-    fit = [e for e in earlier if attempt(e) is None]
-    return fit[-1] if fit else None
+    return befores(runs)[runs.index(entry)]
+
+
+def befores(runs: list[Entry]) -> list[Entry | None]:
+    """`before` for every entry, in one pass (a ledger of thousands of runs reads them all)."""
+    out: list[Entry | None] = []
+    fit: Entry | None = None
+    for e in runs:
+        out.append(fit)
+        if attempt(e) is None:
+            fit = e
+    return out

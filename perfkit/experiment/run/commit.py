@@ -26,7 +26,7 @@ from pathlib import Path
 
 from perfkit.errors import UserError
 from perfkit.experiment.outputs import ledger
-from perfkit.experiment.records.results import RunResults, checked_text, results_path
+from perfkit.experiment.records.results import RunResults, checked_text, load_all_results, results_path
 from perfkit.experiment.run import redraw
 from perfkit.files import read_json, write_atomic, write_json
 from perfkit.paths import Project
@@ -159,9 +159,10 @@ def rewrite(project: Project, say=print) -> list[str]:
     LEDGER.md; the run ids finished."""
     with locked(project):
         finished = finish_pending(project)
-        for line in [*ledger.redraw_plots(project), *redraw.redraw(project)]:
+        all_results = load_all_results(project)  # read once: thousands of runs are read once, not three times
+        for line in [*ledger.redraw_plots(project, all_results), *redraw.redraw(project, all_results)]:
             say(line)
-        ledger.write(project)
+        ledger.write(project, all_results)
     return finished
 
 
