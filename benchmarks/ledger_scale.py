@@ -4,15 +4,18 @@
 
 Each synthetic run measures every hypothesis afresh (a new execution key each time, so no run is a mere
 re-read): a 10 ms truth with run-to-run noise, one hypothesis stepping up 15% two thirds of the way.
-For each N it prints the seconds `perfkit ledger` took (a fresh process: loading every results file,
-the history, the change points, the plots' check and the write), the size of LEDGER.md, and how long
-loading the results alone took. A benchmark, not a test: the figures are this machine's.
+For each N it prints the seconds `perfkit ledger` took in a fresh process (reading every results file,
+the history, the change points, the plots' check and the write), cold (every file read and validated,
+the project's cache of them written: records/readcache.py) and warm (from that cache), the largest
+resident memory of any of them so far, and the size of LEDGER.md. A benchmark, not a test: the
+figures are this machine's.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -66,6 +69,14 @@ def make_project(root: Path, runs: int, hypotheses: int) -> Project:
     return project
 
 
+def _ledger(perfkit: Path, root: Path) -> tuple[float, float]:
+    """Seconds `perfkit ledger` took in a fresh process, and its peak resident memory in MB."""
+    t0 = time.perf_counter()
+    subprocess.run([str(perfkit), "--root", str(root), "ledger"], check=True, stdout=subprocess.DEVNULL)
+    took = time.perf_counter() - t0
+    return took, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default="100,1000,10000")
@@ -74,23 +85,16 @@ def main() -> int:
     args = parser.parse_args()
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="perfkit-ledger-scale-"))
     perfkit = Path(sys.executable).with_name("perfkit")
-    print(f"{'runs':>7}  {'files MB':>8}  {'load s':>7}  {'ledger s':>8}  {'LEDGER.md kB':>12}")
+    print(f"{'runs':>7}  {'files MB':>8}  {'cold s':>7}  {'warm s':>7}  {'peak MB':>7}  {'LEDGER.md kB':>12}")
     for n in [int(x) for x in args.runs.split(",")]:
         root = base / f"runs-{n}"
         project = make_project(root, n, args.hypotheses) if not root.exists() else Project(root)
         size = sum(p.stat().st_size for p in project.results_dir.glob("*.json")) / 1e6
-        t0 = time.perf_counter()
-        code = "from perfkit.experiment.records.results import load_all_results; from perfkit.paths import Project; "
-        subprocess.run(
-            [sys.executable, "-c", code + f"from pathlib import Path; load_all_results(Project(Path({str(root)!r})))"],
-            check=True,
-        )
-        load_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        subprocess.run([str(perfkit), "--root", str(root), "ledger"], check=True, stdout=subprocess.DEVNULL)
-        ledger_s = time.perf_counter() - t0
+        (project.runs_dir / ".cache" / "results.pickle").unlink(missing_ok=True)
+        cold, _ = _ledger(perfkit, root)  # every file read and validated; the cache written
+        warm, peak_mb = _ledger(perfkit, root)  # from the cache
         kb = (root / "hypotheses" / "LEDGER.md").stat().st_size / 1e3
-        print(f"{n:>7}  {size:>8.1f}  {load_s:>7.1f}  {ledger_s:>8.1f}  {kb:>12.1f}", flush=True)
+        print(f"{n:>7}  {size:>8.1f}  {cold:>7.1f}  {warm:>7.1f}  {peak_mb:>7.0f}  {kb:>12.1f}", flush=True)
     return 0
 
 

@@ -85,6 +85,12 @@ class Project:
             return str(path)
 
 
+def cache_dir() -> Path:
+    """This user's cache of what perfkit measured or read once (the bandwidth of a machine, the key that
+    signs a project's cache of results): $PERFKIT_CACHE_DIR, else ~/.cache/perfkit."""
+    return environment.folder("PERFKIT_CACHE_DIR") or Path.home() / ".cache" / "perfkit"
+
+
 def find_project(root: str | os.PathLike | None = None) -> Project:
     """The project at `root`, at PERFKIT_ROOT, or the nearest directory above cwd with hypotheses/."""
     if root is None:

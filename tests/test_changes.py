@@ -104,7 +104,7 @@ def _series(points: list[tuple[float, float, float]], hid: str = "h") -> series.
         series.Point(f"2026{i:04d}-000000", None, None, "", "confirmed", Measured("mean", "ms", v, lo, hi), None)
         for i, (v, lo, hi) in enumerate(points)
     )
-    return series.Series(hid, "mean (ms)", "a machine", made)
+    return series.Series.of(hid, "mean (ms)", "a machine", made)
 
 
 def _confirmed(points) -> list[series.Change]:
@@ -174,7 +174,7 @@ def test_perfkit_changes_names_the_run_of_a_15_percent_step_in_200_runs_and_only
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith("slow: mean (ms) +1") and f"at run {step_run} (000137cccc)" in lines[0]
-    assert "; confirmed" in lines[0] and "verdict confirmed -> refuted" in lines[0]
+    assert "; confirmed" in lines[0] and "verdict confirmed → refuted" in lines[0]
     from test_docs import ROOT, block
 
     assert lines[0] == block(ROOT / "docs" / "history.md", "changes-line")  # the page shows this line as printed
@@ -221,3 +221,18 @@ def test_perfkit_history_draws_a_shipped_hypothesis_from_the_committed_results(t
     text = capsys.readouterr().out
     assert text.startswith(f"{hid}: ") and " runs" in text.splitlines()[0]
     assert out.stat().st_size > 10_000
+
+
+def test_a_quantity_on_several_machine_kinds_says_whether_they_disagree():
+    from perfkit.experiment.outputs.changes import machines_disagree
+
+    rng = np.random.default_rng(5)
+    here = _series(_run_estimates(rng, 20, step_at=None))
+    same = series.Series.of("h", "mean (ms)", "another machine", _series(_run_estimates(rng, 20, step_at=None)).points)
+    faster = [(v * 0.8, lo * 0.8, hi * 0.8) for v, lo, hi in _run_estimates(rng, 20, step_at=None)]
+    other = series.Series.of("h", "mean (ms)", "a faster machine", _series(faster).points)
+    (agree,) = machines_disagree([here, same])
+    assert agree.endswith(": they agree within the runs' intervals"), agree
+    (apart,) = machines_disagree([here, other])
+    assert "a faster machine is -2" in apart and "against a machine" in apart, apart
+    assert machines_disagree([here]) == []  # one machine kind: nothing to compare

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from perfkit import environment
+from perfkit import paths
 from perfkit.errors import RecordError, UserError
 from perfkit.files import VERSION_KEY, read_versioned, write_json
 from perfkit.machine.devices import fingerprint, fingerprint_inputs
@@ -309,7 +309,7 @@ def measure(
 
 
 def cache_dir() -> Path:
-    return environment.folder("PERFKIT_CACHE_DIR") or Path.home() / ".cache" / "perfkit"
+    return paths.cache_dir()
 
 
 def cache_path(fp: str | None = None) -> Path:

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import io
+import itertools
 from pathlib import Path
 
+from perfkit import stats
 from perfkit.errors import UserError
 from perfkit.experiment.records import plots
 from perfkit.experiment.records.hypothesis import load_hypotheses
@@ -57,20 +59,52 @@ def _series_for(project: Project, all_results: list[RunResults], hid: str) -> li
 
 
 def history_text(project: Project, all_results: list[RunResults], hid: str) -> str:
-    """Each series of `hid`: a row per run (its commit, verdict and measured interval), its change points marked."""
+    """Each series of `hid`: a row per run (its commit, verdict and measured interval), its change points
+    marked; then, measured on several machine kinds, whether their latest segments agree."""
     lines = []
-    for s in _series_for(project, all_results, hid):
-        found = {c.index: c for c in changes(s)}
+    found = _series_for(project, all_results, hid)
+    for s in found:
+        at = {c.index: c for c in changes(s)}
         lines += [f"{s.hypothesis}: {s.quantity} on {s.machine}, {len(s.points)} runs", ""]
         lines.append(f"  {'run':<15}  {'commit':<11}  {'verdict':<12}  measured [interval]")
         for i, p in enumerate(s.points):
-            if i in found:
-                lines.append(f"  --- change: {found[i].words()}, {found[i].status} ({found[i].why}) ---")
+            if i in at:
+                lines.append(f"  --- change: {at[i].words()}, {at[i].status} ({at[i].why}) ---")
             lines.append(
                 f"  {p.run_id:<15}  {_commit(p.commit, p.dirty):<11}  {p.verdict:<12}  {p.measured.text(level=True)}"
             )
         lines.append("")
-    return "\n".join(lines)
+    lines += machines_disagree(found)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def machines_disagree(found: list[Series]) -> list[str]:
+    """For a quantity measured on several machine kinds: each pair whose latest segments (the runs after
+    their last change point) differ beyond the runs' interval, in words; one line saying they agree else."""
+    by_quantity: dict[str, list[tuple[Series, list[float]]]] = {}
+    for s in found:
+        cut = max([0, *(c.index for c in changes(s) if c.status == "confirmed")])
+        latest = [p.measured.value for p in s.points[cut:]]
+        if len(latest) >= 2:
+            by_quantity.setdefault(s.quantity, []).append((s, latest))
+    said = []
+    for quantity, measured in sorted(by_quantity.items()):
+        if len(measured) < 2:
+            continue
+        apart = []
+        for (a, va), (b, vb) in itertools.combinations(measured, 2):
+            log = a.log and b.log
+            moved = stats.between_groups(va, vb, log=log)
+            nothing = 1.0 if log else 0.0
+            if not moved.low <= nothing <= moved.high:
+                if log:
+                    far = f"{(moved.value - 1) * 100:+.1f}% [{(moved.low - 1) * 100:.1f}, {(moved.high - 1) * 100:.1f}]"
+                else:
+                    far = f"{moved.value:+.3g} [{moved.low:.3g}, {moved.high:.3g}]"
+                apart.append(f"{b.machine} is {far} against {a.machine}")
+        what = f"{quantity} on {len(measured)} machine kinds (each one's runs since its last change)"
+        said.append(f"{what}: " + ("; ".join(apart) if apart else "they agree within the runs' intervals"))
+    return said
 
 
 def _edges(project: Project, hid: str) -> tuple[float | None, float | None]:

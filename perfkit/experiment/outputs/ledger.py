@@ -26,7 +26,7 @@ from perfkit.experiment.records.compare import floor_move
 from perfkit.experiment.records.history import Entry, attempt, befores, history, standing
 from perfkit.experiment.records.hypothesis import load_hypotheses
 from perfkit.experiment.records.results import RunResults, load_all_results
-from perfkit.experiment.records.series import Series, changes, series_of
+from perfkit.experiment.records.series import Series, changes, series_of_history
 from perfkit.files import write_atomic
 from perfkit.machine import fitness
 from perfkit.paths import Project
@@ -97,7 +97,7 @@ def _change_points(hid: str, found: list[Series]) -> list[str]:
     """The section's line of change points: the latest confirmed or pending ones, within LEDGER_SERIES runs."""
     said = []
     for s in found:
-        recent = Series(s.hypothesis, s.quantity, s.machine, s.points[-LEDGER_SERIES:])
+        recent = Series.of(s.hypothesis, s.quantity, s.machine, s.points[-LEDGER_SERIES:])
         for c in changes(recent):
             if c.status != "not confirmed":
                 flip = f", verdict {c.flipped()}" if c.flipped() else ""
@@ -164,12 +164,12 @@ def _section(hid: str, runs: list[Entry], found: list[Series] = ()) -> list[str]
     lines += _change_points(hid, list(found))
     header = ["| run | how | verdict | measured [95% interval] | note |", "|---|---|---|---|---|"]
     previous = befores(runs)
-    rows = [_history_row(e, p) for e, p in zip(runs, previous)]
-    older = rows[:-SHOWN_HISTORY]
+    shown = list(zip(runs, previous))
+    older = shown[:-SHOWN_HISTORY]
     # the flips kept in view: from the verdicts, never from a row's text; the latest few, so that the
-    # ledger a reviewer reads does not grow with the number of runs
-    flips = [row for row, e, p in zip(older, runs, previous) if _flipped(e, p)][-SHOWN_FLIPS:]
-    lines += [*header, *flips, *rows[-SHOWN_HISTORY:], ""]
+    # ledger a reviewer reads does not grow with the number of runs (and only rows shown are written)
+    flips = [_history_row(e, p) for e, p in [(e, p) for e, p in older if _flipped(e, p)][-SHOWN_FLIPS:]]
+    lines += [*header, *flips, *(_history_row(e, p) for e, p in shown[-SHOWN_HISTORY:]), ""]
     if older:
         left = len(older) - len(flips)
         lines += [f"{left} earlier measurement{'s' if left != 1 else ''}: `perfkit show {hid}`", ""]
@@ -199,9 +199,10 @@ def _measured_in(stands: dict[str, Entry]) -> dict[str, str]:
     }
 
 
-def render(all_results: list[RunResults]) -> str:
-    """The ledger text. Depends on the results only: same results, same bytes."""
-    entries = history(all_results)
+def render(all_results: list[RunResults], entries: dict[str, list[Entry]] | None = None) -> str:
+    """The ledger text. Depends on the results only: same results, same bytes. `entries`: their history,
+    when the caller has read it already (records/history.py)."""
+    entries = history(all_results) if entries is None else entries
     every = [e.result for runs in entries.values() for e in runs]
     stands = {hid: standing(runs) for hid, runs in entries.items()}
     where = _measured_in(stands)
@@ -252,7 +253,7 @@ def render(all_results: list[RunResults]) -> str:
         "",
     ]
     by_hypothesis: dict[str, list[Series]] = {}
-    for s in series_of(all_results):
+    for s in series_of_history(entries):
         by_hypothesis.setdefault(s.hypothesis, []).append(s)
     for hid, runs in entries.items():
         lines += _section(hid, runs, by_hypothesis.get(hid, []))
@@ -277,12 +278,14 @@ def stale_temporaries(project: Project, *, older_than_s: float = 0.0) -> list[Pa
     return sorted(found)
 
 
-def write(project: Project, all_results: list[RunResults] | None = None) -> str:
-    """LEDGER.md from `all_results` (default: every stored results file, read now)."""
+def write(
+    project: Project, all_results: list[RunResults] | None = None, entries: dict[str, list[Entry]] | None = None
+) -> str:
+    """LEDGER.md from `all_results` (default: every stored results file, read now) and their history."""
     project.check_confined()
     for leftover in stale_temporaries(project, older_than_s=STALE_S):
         leftover.unlink(missing_ok=True)
-    text = render(load_all_results(project) if all_results is None else all_results)
+    text = render(load_all_results(project) if all_results is None else all_results, entries)
     write_atomic(project.ledger_path, text)
     return text
 
@@ -348,15 +351,15 @@ def mismatched_plots(project: Project, entries: dict[str, list[Entry]]) -> list[
     return out
 
 
-def redraw_plots(project: Project, all_results: list[RunResults] | None = None) -> list[str]:
+def redraw_plots(project: Project, entries: dict[str, list[Entry]] | None = None) -> list[str]:
     """Each mismatched ledger plot scaled again from its run's own plot (runs/<run-id>/plots/), when that
     one is here and carries the row's stamp; what could not be redrawn is said."""
     from perfkit.experiment.records import plots
     from perfkit.experiment.records.results import stamp
 
     said = []
-    all_results = load_all_results(project) if all_results is None else all_results
-    for hid, path, entry in mismatched_plots(project, history(all_results)):
+    entries = history(load_all_results(project)) if entries is None else entries
+    for hid, path, entry in mismatched_plots(project, entries):
         source = project.runs_dir / entry.run_id / "plots" / f"{hid}.png"
         if source.is_file() and plots.stamp_of(source) == stamp(entry.result):
             plots.write_plot(path, plots.scaled(source.read_bytes(), plots.LEDGER_DPI / plots.DPI))

@@ -446,15 +446,32 @@ def write_results(project: Project, results: RunResults) -> Path:
     return path
 
 
+CACHED_FROM = 100  # results files from which a project keeps a cache of them read (records/readcache.py)
+
+
 def load_all_results(project: Project) -> list[RunResults]:
-    """Every committed run result, oldest first (run ids sort by time)."""
+    """Every committed run result, oldest first (run ids sort by time). From CACHED_FROM files on, what
+    was read before comes from the project's signed cache under runs/ (readcache.py): the same results."""
     if not project.results_dir.is_dir():
         return []
+    files = sorted(project.results_dir.glob("*.json"))
+    cache = None
+    if len(files) >= CACHED_FROM:
+        from perfkit.experiment.records.readcache import Cache
+
+        cache = Cache(project.runs_dir)
     out = []
-    for path in sorted(project.results_dir.glob("*.json")):
-        shown = project.relative(path)
-        results = RunResults.from_json(read_json(path, shown), shown)
-        if results.run_id != path.stem:
-            raise RecordError(f"run_id {results.run_id!r} differs from the file name", path=shown, field="run_id")
+    for path in files:
+        results = cache.get(path) if cache is not None else None
+        if results is None:
+            shown = project.relative(path)
+            results = RunResults.from_json(read_json(path, shown), shown)
+            if results.run_id != path.stem:
+                raise RecordError(f"run_id {results.run_id!r} differs from the file name", path=shown, field="run_id")
+            if cache is not None:
+                cache.put(path, results)
         out.append(results)
+    if cache is not None:
+        cache.keep_only({p.name for p in files})
+        cache.save()
     return sorted(out, key=lambda r: r.run_id)

@@ -51,13 +51,16 @@ class Series:
     machine: str  # the machine kind, in words
     points: tuple[Point, ...]
 
-    @property
-    def log(self) -> bool:
-        """Whether the series is judged as factors (every value positive: times, rates, speedups, shares)."""
-        return all(p.measured.value > 0 for p in self.points)
+    log: bool = False  # judged as factors: every value positive (times, rates, speedups, shares); set by `of`
+
+    @staticmethod
+    def of(hypothesis: str, quantity: str, machine: str, points: tuple[Point, ...]) -> Series:
+        return Series(hypothesis, quantity, machine, points, all(p.measured.value > 0 for p in points))
 
     def values(self) -> list[float]:
-        return [math.log(p.measured.value) if self.log else p.measured.value for p in self.points]
+        if self.log:
+            return [math.log(p.measured.value) for p in self.points]
+        return [p.measured.value for p in self.points]
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ class Change:
     index: int  # of the first point after it
     pvalue: float  # the segments' t-test (Otava's)
     moved: stats.Estimate  # after vs before: a ratio (series.log) or a difference, Welch's interval over runs
-    status: str  # "confirmed", "pending" (one run after it), "not confirmed" (the intervals do not exclude it)
+    status: str  # "confirmed"; "pending" (fewer than MIN_SEGMENT runs after it, the last); "not confirmed"
     why: str  # in words: how far, or why it is not confirmed
 
     @property
@@ -78,9 +81,9 @@ class Change:
         return self.series.points[self.index - 1]
 
     def flipped(self) -> str | None:
-        """'confirmed -> refuted' when the verdict differs across the change, else None."""
+        """'confirmed → refuted' when the verdict differs across the change, else None."""
         a, b = self.last_before.verdict, self.first.verdict
-        return f"{a} -> {b}" if a != b else None
+        return f"{a} → {b}" if a != b else None
 
     def severity(self) -> float:
         """How large the change is, comparable across series: |log ratio|, or the difference in the
@@ -92,6 +95,8 @@ class Change:
     def words(self) -> str:
         """'+15.2% [12.9, 17.6]', '-0.21 [-0.25, -0.17]': how far the later segment moved."""
         m = self.moved
+        if not (math.isfinite(m.low) and math.isfinite(m.high)):  # pending: too few runs for an interval
+            return _percent(m.value) if self.series.log else f"{m.value:+.3g}"
         if self.series.log:
             return f"{_percent(m.value)} [{_percent(m.low, sign=False)}, {_percent(m.high, sign=False)}]"
         return f"{m.value:+.3g} [{m.low:.3g}, {m.high:.3g}]"
@@ -131,8 +136,13 @@ def quantity(measured: Measured) -> str:
 def series_of(all_results: list[RunResults], hid: str | None = None) -> list[Series]:
     """Every series (of `hid` alone when given), by hypothesis, quantity and machine kind; the points of
     a measurement taken over several machines go to each machine's own series."""
+    return series_of_history(history(all_results), hid)
+
+
+def series_of_history(entries_by_id: dict[str, list[Entry]], hid: str | None = None) -> list[Series]:
+    """`series_of` from the history already read (records/history.py)."""
     found: dict[tuple[str, str, str], list[Point]] = {}
-    for key, entries in history(all_results).items():
+    for key, entries in entries_by_id.items():
         if hid is not None and key != hid:
             continue
         for entry in entries:
@@ -141,12 +151,13 @@ def series_of(all_results: list[RunResults], hid: str | None = None) -> list[Ser
                 continue
             if r.per_machine:
                 for m in r.per_machine:
-                    if m.measured is not None and all(map(math.isfinite, (m.measured.value, m.measured.low))):
+                    bounds = (m.measured.value, m.measured.low, m.measured.high) if m.measured else (math.nan,)
+                    if all(map(math.isfinite, bounds)):
                         found.setdefault((key, quantity(m.measured), m.label), []).append(_point(entry, m.measured))
                 continue
             if all(map(math.isfinite, (r.measured.value, r.measured.low, r.measured.high))):
                 found.setdefault((key, quantity(r.measured), _machine(entry)), []).append(_point(entry, r.measured))
-    return [Series(h, q, m, tuple(points)) for (h, q, m), points in sorted(found.items())]
+    return [Series.of(h, q, m, tuple(points)) for (h, q, m), points in sorted(found.items())]
 
 
 def changes(series: Series, *, max_pvalue: float = stats.CHANGE_PVALUE) -> list[Change]:
@@ -178,7 +189,7 @@ def _judge_all(series: Series, indices: list[int], pvalues: dict[int, float]) ->
             raw[index : edges[k + 2]],
             rho,
             last=edges[k + 2] == len(raw),
-        )  # fmt: skip
+        )
         for k, index in enumerate(indices)
     ]
 
@@ -198,9 +209,11 @@ def _judged(series: Series, index: int, pvalue: float, before: list[float], afte
         return Change(series, index, pvalue, moved, status, why)
 
     if len(before) < MIN_SEGMENT or len(after) < MIN_SEGMENT:
-        moved = stats.Estimate(
-            (after[0] / before[-1]) if series.log else after[0] - before[-1], -math.inf, math.inf, log=series.log
-        )
+        if series.log:  # the geometric means' ratio, without an interval: too few runs for one
+            far = math.exp(float(np.mean(np.log(after)) - np.mean(np.log(before))))
+        else:
+            far = float(np.mean(after) - np.mean(before))
+        moved = stats.Estimate(far, -math.inf, math.inf, log=series.log)
         if len(after) < MIN_SEGMENT and len(before) >= MIN_SEGMENT and last:
             return change(moved, "pending", f"{len(after)} run{'s' if len(after) > 1 else ''} after it so far; "
                           f"{MIN_SEGMENT} tell")  # fmt: skip

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from perfkit.errors import UserError
 from perfkit.experiment.outputs import ledger
+from perfkit.experiment.records.history import history
 from perfkit.experiment.records.results import RunResults, checked_text, load_all_results, results_path
 from perfkit.experiment.run import redraw
 from perfkit.files import read_json, write_atomic, write_json
@@ -159,10 +160,11 @@ def rewrite(project: Project, say=print) -> list[str]:
     LEDGER.md; the run ids finished."""
     with locked(project):
         finished = finish_pending(project)
-        all_results = load_all_results(project)  # read once: thousands of runs are read once, not three times
-        for line in [*ledger.redraw_plots(project, all_results), *redraw.redraw(project, all_results)]:
+        all_results = load_all_results(project)  # read once, and their history found once: there may be thousands
+        entries = history(all_results)
+        for line in [*ledger.redraw_plots(project, entries), *redraw.redraw(project, entries)]:
             say(line)
-        ledger.write(project, all_results)
+        ledger.write(project, all_results, entries)
     return finished
 
 

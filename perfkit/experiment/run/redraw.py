@@ -27,11 +27,11 @@ from perfkit.experiment.run import judging
 from perfkit.paths import Project
 
 
-def outdated(project: Project, all_results: list | None = None) -> list[tuple[HypothesisResult, str, Path]]:
+def outdated(project: Project, entries: dict | None = None) -> list[tuple[HypothesisResult, str, Path]]:
     """(standing result, its run id, its ledger plot) of every plot whose row it matches but which other
-    drawing code drew (or drew before plots said which)."""
+    drawing code drew (or drew before plots said which); `entries`: the history, when read already."""
     out = []
-    for runs in history(load_all_results(project) if all_results is None else all_results).values():
+    for runs in (history(load_all_results(project)) if entries is None else entries).values():
         entry = standing(runs)
         if not entry.result.plot:
             continue
@@ -53,14 +53,14 @@ def _evidence(project: Project, result: HypothesisResult) -> list[Execution] | N
     return found
 
 
-def redraw(project: Project, all_results: list | None = None) -> list[str]:
+def redraw(project: Project, entries: dict | None = None) -> list[str]:
     """Each outdated plot drawn again from its run's samples; what could not be is said."""
     try:
         hypotheses: dict[str, Hypothesis] = {h.id: h for h in load_hypotheses(project)}
     except ValidationFailed:
         return []  # `perfkit validate` says what is wrong; the plots wait for records that load
     said = []
-    for result, run_id, path in outdated(project, all_results):
+    for result, run_id, path in outdated(project, entries):
         h = hypotheses.get(result.id)
         executions = _evidence(project, result) if h is not None and h.hash == result.hash else None
         if executions is None:
