@@ -26,6 +26,7 @@ LEAVES = {
     "units",
     "phases",
     "stats",
+    "changepoints",
     "sketch",
     "samples",
     "endpoints",

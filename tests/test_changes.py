@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from records import result, store
 
-from perfkit import stats
+from perfkit import changepoints
 from perfkit.cli import main
 from perfkit.experiment.records import series
 from perfkit.experiment.records.results import RunResults
@@ -62,7 +62,8 @@ def _each_significant(values: list[float], indices: list[int]) -> bool:
     x = np.asarray(values)
     edges = [0, *indices, x.size]
     return all(
-        stats._segments_test(x[edges[k] : edges[k + 1]], x[edges[k + 1] : edges[k + 2]])[0] <= stats.CHANGE_PVALUE
+        changepoints._segments_test(x[edges[k] : edges[k + 1]], x[edges[k + 1] : edges[k + 2]])[0]
+        <= changepoints.CHANGE_PVALUE
         for k in range(len(indices))
     )
 
@@ -74,7 +75,7 @@ def test_the_change_points_are_otavas_on_the_same_series_but_where_its_merge_kee
     differ = []
     for seed, expected in OTAVA.items():
         values = otava_series(seed)
-        found = [c.index for c in stats.change_points(values)]
+        found = [c.index for c in changepoints.change_points(values)]
         assert _each_significant(values, found), seed
         if found != expected:
             differ.append(seed)

@@ -5,7 +5,7 @@ measurement adds none; an attempt on a busy machine, a failed probe or a profile
 estimate and interval, the run, its commit and what the run said had changed. Measurements from
 different machine kinds are different series: a move between machines is never a change in the code.
 
-Change points are located by Apache Otava's method (stats.change_points: E-divisive in windows, each
+Change points are located by Apache Otava's method (perfkit.changepoints: E-divisive in windows, each
 kept by Student's t-test of the segments beside it, on the log of a quantity that cannot be negative),
 then judged by perfkit's own comparison of the two segments: the runs on each side are the units, and
 Welch's interval of how far the later segment moved (a ratio for a positive quantity, else a difference)
@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from perfkit import stats
+from perfkit import changepoints, stats
 from perfkit.experiment.records.history import Entry, attempt, history
 from perfkit.experiment.records.results import RunResults
 from perfkit.experiment.records.verdict import Measured
@@ -160,13 +160,13 @@ def series_of_history(entries_by_id: dict[str, list[Entry]], hid: str | None = N
     return [Series.of(h, q, m, tuple(points)) for (h, q, m), points in sorted(found.items())]
 
 
-def changes(series: Series, *, max_pvalue: float = stats.CHANGE_PVALUE) -> list[Change]:
+def changes(series: Series, *, max_pvalue: float = changepoints.CHANGE_PVALUE) -> list[Change]:
     """The change points of one series, each judged by the segments beside it: Otava's points, then the
     weakest that perfkit's comparison does not confirm dropped, one at a time, its neighbours judged
     again over the segments it joined, until each left is confirmed or pending."""
     if len(series.points) < MIN_POINTS:
         return []
-    located = stats.change_points(series.values(), max_pvalue=max_pvalue)
+    located = changepoints.change_points(series.values(), max_pvalue=max_pvalue)
     indices, pvalues = [c.index for c in located], {c.index: c.pvalue for c in located}
     while True:
         judged = _judge_all(series, indices, pvalues)
@@ -177,21 +177,9 @@ def changes(series: Series, *, max_pvalue: float = stats.CHANGE_PVALUE) -> list[
 
 
 def _judge_all(series: Series, indices: list[int], pvalues: dict[int, float]) -> list[Change]:
-    raw = [p.measured.value for p in series.points]
-    edges = [0, *indices, len(raw)]
+    edges = [0, *indices, len(series.points)]
     rho = _lag1_within(series.values(), edges)
-    return [
-        _judged(
-            series,
-            index,
-            pvalues[index],
-            raw[edges[k] : index],
-            raw[index : edges[k + 2]],
-            rho,
-            last=edges[k + 2] == len(raw),
-        )
-        for k, index in enumerate(indices)
-    ]
+    return [_judged(series, edges, k, pvalues[edges[k + 1]], rho) for k in range(len(indices))]
 
 
 def _lag1_within(values: list[float], edges: list[int]) -> float:
@@ -203,8 +191,12 @@ def _lag1_within(values: list[float], edges: list[int]) -> float:
     return float(np.dot(residual[:-1], residual[1:]) / np.dot(residual, residual))
 
 
-def _judged(series: Series, index: int, pvalue: float, before: list[float], after: list[float], rho: float,
-            *, last: bool) -> Change:  # fmt: skip
+def _judged(series: Series, edges: list[int], k: int, pvalue: float, rho: float) -> Change:
+    """The change at edges[k + 1], between the segments beside it (`edges`: the series' segment bounds)."""
+    raw = [p.measured.value for p in series.points]
+    index = edges[k + 1]
+    before, after, last = raw[edges[k] : index], raw[index : edges[k + 2]], edges[k + 2] == len(raw)
+
     def change(moved, status, why):
         return Change(series, index, pvalue, moved, status, why)
 

@@ -224,6 +224,9 @@ class Basis:
     code: Callable[[tuple[str, ...]], CodeState]  # the code under test, given a record's probe.code
     replicates: int = 1  # planned per execution, unless a record's probe.replicates asks more
     strict: bool = False  # fitness = "strict": a dedicated machine, whose cores the default threads use
+    #: url -> the identity of the running server a probe drives, asked by the first plan of the run that needs
+    #: it and kept for the others (a server that does not answer holds a run once, not once a plan)
+    servers: dict[str, dict] = field(default_factory=dict)
 
 
 def _params(h: Hypothesis, declared: dict | str, options: RunOptions, used: set[str]) -> dict[str, Any]:
@@ -249,14 +252,11 @@ def plan(
     *,
     note: Callable[[str], None] = print,
     samples: dict[str, dict[str, int]] | None = None,
-    servers: dict[str, dict] | None = None,
 ) -> Plan:
     """The distinct executions the hypotheses need; an override no selected probe declares is an error.
 
     `samples`: sample counts chosen for executions (by their key without them, replicates.py); every
-    hypothesis that reads such an execution reads it with them. `servers`: url -> identity, filled as
-    the servers are asked; a run passes one dict to each of its plans, so each server is asked once
-    (a server that does not answer holds a run once, not once a plan)."""
+    hypothesis that reads such an execution reads it with them."""
     quick, overrides = options.quick, options.overrides
     declared_cache: dict[str, dict] = {}
     used_overrides: set[str] = set()
@@ -268,7 +268,7 @@ def plan(
     code_of: dict[str, CodeState] = {}
     notebooks: dict[str, str] = {}
     sources: dict[str, bytes] = {}  # notebook -> its bytes, read once: what is hashed is what every replicate runs
-    servers = {} if servers is None else servers
+    servers = basis.servers
     for h in hypotheses:
         path = project.notebooks_dir / h.probe.notebook
         if h.probe.notebook not in declared_cache:

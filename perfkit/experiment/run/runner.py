@@ -96,10 +96,9 @@ def _start(
         environment["cluster"] = options.cluster
         say(f"cluster {options.cluster}: {remote.where(client)}")
     basis = Basis(source_hash, environment, code_for, replicates=policy.first, strict=limits.strict)
-    servers: dict[str, dict] = {}  # url -> identity: each running server is asked once in a run
-    the_plan = plan(project, hypotheses, options, basis, note=say, servers=servers)
+    the_plan = plan(project, hypotheses, options, basis, note=say)
     say(_threads_line(options, limits))
-    first = _first_round(project, hypotheses, options, policy, the_plan, basis, servers)
+    first = _first_round(project, hypotheses, options, policy, the_plan, basis)
     the_plan = first.plan
     for line in first.lines:
         say(line)
@@ -159,12 +158,11 @@ def _first_round(
     policy: replicates.Policy,
     the_plan,
     basis: Basis,
-    servers: dict[str, dict],
 ) -> priors.FirstRound:
     """The first round planned from the ledger (priors.py): replicates and sample counts, within --budget."""
 
     def replan(chosen: dict[str, dict[str, int]]):
-        return plan(project, hypotheses, options, basis, note=lambda _: None, samples=chosen, servers=servers)
+        return plan(project, hypotheses, options, basis, note=lambda _: None, samples=chosen)
 
     def reusable(x) -> int:
         return 0 if options.force else schedule.stored_replicates(project, x)
