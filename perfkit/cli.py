@@ -128,8 +128,12 @@ def _review_commands(sub, options) -> None:
                      help="where to draw it (a .png; default runs/history/ID.png)")  # fmt: skip
 
     chg = sub.add_parser("changes", help="the change points across the ledger, the most severe first, one line each")
-    chg.add_argument("--since", default=None, metavar="WHEN",
-                     help="only changes first seen at or after this run id, UTC date or time, or commit")  # fmt: skip
+    chg.add_argument(
+        "--since",
+        default=None,
+        metavar="WHEN",
+        help="only changes first seen at or after this run id, UTC date or time, commit or git revision",
+    )
     chg.add_argument("--check", action="store_true", help="exit 1 when a confirmed change is listed (for CI)")
 
     chk = sub.add_parser(
