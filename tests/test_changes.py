@@ -8,6 +8,7 @@ slowly, one run is an outlier; one hypothesis has a 15% step at a known run, the
 
 from __future__ import annotations
 
+import html
 import math
 import random
 
@@ -237,3 +238,17 @@ def test_a_quantity_on_several_machine_kinds_says_whether_they_disagree():
     (apart,) = machines_disagree([here, other])
     assert "a faster machine is -2" in apart and "against a machine" in apart, apart
     assert machines_disagree([here]) == []  # one machine kind: nothing to compare
+
+
+def test_the_report_lists_each_hypothesis_change_points_as_perfkit_changes_says_them(tmp_path, capsys):
+    from perfkit.experiment.outputs import report
+    from perfkit.experiment.records.results import load_all_results
+
+    project = Project(tmp_path)
+    (tmp_path / "hypotheses").mkdir()
+    stored = _stored(project, 80, step_at=40, rng=np.random.default_rng(11))
+    page = report.render(load_all_results(project), None, None)
+    assert main(["--root", str(tmp_path), "changes"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert page.count("<b>Change points</b>") == 1 and f"at run {stored[40].run_id}" in line
+    assert f"<li>{html.escape(line)}</li>" in page

@@ -18,10 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from perfkit import units
+from perfkit.experiment.outputs.changes import change_line
 from perfkit.experiment.outputs.words import evidence_text, measured_text, off_by_text, other_levels, run_words, url
 from perfkit.experiment.records import compare as diffs
 from perfkit.experiment.records.history import Entry, history, standing
 from perfkit.experiment.records.results import RunResults
+from perfkit.experiment.records.series import changes as series_changes
+from perfkit.experiment.records.series import series_of_history
 from perfkit.files import write_atomic
 from perfkit.paths import Project
 
@@ -106,6 +109,31 @@ def _contents(entries: dict, changes: list[diffs.Change] | None, base_name: str 
     return '<nav id="contents"><h2>Contents</h2><ul>' + "".join(items) + "</ul></nav>"
 
 
+def _section(hid: str, runs: list[Entry], found: list, image: Callable[[str], str]) -> list[str]:
+    """A hypothesis's section: its verdict, plot, measurements over runs, change points and history."""
+    r = standing(runs).result
+    out = [
+        f'<section id="{_e(hid)}"><h2><code>{_e(hid)}</code> {_verdict(r.verdict)}</h2>',
+        f"<p>{_e(r.claim)}</p>",
+    ]
+    if r.plot:
+        out.append(f'<img src="{_e(image(r.plot))}" alt="plot of {_e(hid)}" style="max-width: 100%">')
+    out.append(_chart(runs))
+    said = [change_line(c) for s in found for c in series_changes(s) if c.status != "not confirmed"]
+    if said:  # as `perfkit changes` says them, one a line
+        out.append("<p><b>Change points</b> (<code>perfkit history</code>):</p><ul>")
+        out += [f"<li>{_e(line)}</li>" for line in said]
+        out.append("</ul>")
+    out.append("<table><tr><th>run</th><th>how</th><th>verdict</th><th>measured [95% interval]</th></tr>")
+    for e in runs:
+        out.append(
+            f"<tr><td>{_e(e.run_id)}</td><td>{_e(run_words(e.run))}</td><td>{_verdict(e.result.verdict)}</td>"
+            f"<td>{_e(measured_text(e.result))}</td></tr>"
+        )
+    out.append("</table></section>")
+    return out
+
+
 def render(
     all_results: list[RunResults],
     changes: list[diffs.Change] | None,
@@ -115,6 +143,9 @@ def render(
     """The page; `image(plot)` gives each plot's src (default: its path beside the page, plots/ID.png)."""
     image = image or url
     entries = history(all_results)
+    found: dict[str, list] = {}
+    for s in series_of_history(entries):
+        found.setdefault(s.hypothesis, []).append(s)
     out = [
         "<!doctype html>",
         '<html lang="en"><head><meta charset="utf-8"><title>perfkit report</title>',
@@ -164,21 +195,7 @@ def render(
         )
     out.append("</tbody></table>")
     for hid, runs in entries.items():
-        r = standing(runs).result
-        out += [
-            f'<section id="{_e(hid)}"><h2><code>{_e(hid)}</code> {_verdict(r.verdict)}</h2>',
-            f"<p>{_e(r.claim)}</p>",
-        ]
-        if r.plot:
-            out.append(f'<img src="{_e(image(r.plot))}" alt="plot of {_e(hid)}" style="max-width: 100%">')
-        out.append(_chart(runs))
-        out.append("<table><tr><th>run</th><th>how</th><th>verdict</th><th>measured [95% interval]</th></tr>")
-        for e in runs:
-            out.append(
-                f"<tr><td>{_e(e.run_id)}</td><td>{_e(run_words(e.run))}</td><td>{_verdict(e.result.verdict)}</td>"
-                f"<td>{_e(measured_text(e.result))}</td></tr>"
-            )
-        out.append("</table></section>")
+        out += _section(hid, runs, found.get(hid, []), image)
     out.append("</body></html>")
     return "\n".join(out) + "\n"
 
